@@ -1,0 +1,635 @@
+/*
+ * alloc.c — gpuaccel's allocators: pageable host, a caching pinned pool and
+ * the stream-ordered device pool; limits and statistics.
+ *
+ * Safety across streams: a block remembers, for every stream other than its
+ * allocation stream that used it, an event recorded after that use.  A
+ * device block is freed on its allocation stream after that stream has
+ * waited on those events (GPU-side waits; the host never blocks).  A pinned
+ * block goes back to the pool with its events and is handed out again only
+ * once they have completed.
+ */
+#include "alloc.h"
+#include "device.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define GA_MAX_DEVICES 64
+#define GA_HOST_ALIGNMENT 64
+#define GA_PINNED_CLASSES 256
+
+typedef struct {
+    uint64_t allocated; /* bytes in live blocks */
+    uint64_t peak;
+    uint64_t limit;     /* 0: none */
+    uint64_t num_allocs, num_frees, num_ooms;
+} ga_counters;
+
+typedef struct pinned_entry {
+    void *ptr;
+    size_t capacity;
+    int n_events;
+    ga_event events[GA_BLOCK_MAX_USES];
+    int devices[GA_BLOCK_MAX_USES];
+    struct pinned_entry *next;
+} pinned_entry;
+
+static pthread_mutex_t alloc_lock = PTHREAD_MUTEX_INITIALIZER;
+static ga_counters host_counters;   /* pageable; the CPU limit covers host + pinned */
+static ga_counters pinned_counters;
+static ga_counters device_counters[GA_MAX_DEVICES];
+static int device_pool_used[GA_MAX_DEVICES];
+static pinned_entry *pinned_free[GA_PINNED_CLASSES];
+static uint64_t pinned_cached_bytes;
+
+/* Events are reused: creating one costs a driver call. */
+typedef struct {
+    ga_event *items;
+    int count, capacity;
+} event_stack;
+static event_stack event_pool[GA_MAX_DEVICES];
+
+static __thread char oom_message[640];
+
+/* --------------------------------------------------------------- events */
+
+static ga_status event_get(int device, ga_event *out)
+{
+    event_stack *s = &event_pool[device];
+    if (s->count > 0) {
+        *out = s->items[--s->count];
+        return ga_ok();
+    }
+    return ga_cuda_event_create(device, 0, out);
+}
+
+static void event_put(int device, ga_event ev)
+{
+    event_stack *s = &event_pool[device];
+    if (s->count == s->capacity) {
+        int cap = s->capacity ? 2 * s->capacity : 16;
+        ga_event *items = realloc(s->items, (size_t)cap * sizeof *items);
+        if (!items) {
+            ga_cuda_event_destroy(device, ev);
+            return;
+        }
+        s->items = items;
+        s->capacity = cap;
+    }
+    s->items[s->count++] = ev;
+}
+
+static int same_stream(ga_stream a, ga_stream b)
+{
+    uintptr_t x = (uintptr_t)a ? (uintptr_t)a : 1, y = (uintptr_t)b ? (uintptr_t)b : 1;
+    return x == y;
+}
+
+/* ------------------------------------------------------------ counters */
+
+static void count_alloc(ga_counters *c, uint64_t bytes)
+{
+    c->allocated += bytes;
+    c->num_allocs++;
+    if (c->allocated > c->peak)
+        c->peak = c->allocated;
+}
+
+static void count_free(ga_counters *c, uint64_t bytes)
+{
+    c->allocated -= bytes;
+    c->num_frees++;
+}
+
+static ga_status oom_status(ga_error kind, const char *text)
+{
+    snprintf(oom_message, sizeof oom_message, "%s", text);
+    return ga_status_make(kind, 0, NULL, oom_message, "gpuaccel allocator", __FILE__, __LINE__);
+}
+
+/* A limit would be exceeded: "out of memory on cuda:0: allocating X would
+ * exceed the limit of Y set with set_memory_limit() (Z already allocated)". */
+static int raise_limit(ga_state *st, ga_counters *c, const char *where, uint64_t in_use,
+                       size_t size, ga_error kind)
+{
+    char want[32], limit[32], used[32], text[512];
+    snprintf(text, sizeof text,
+             "out of memory on %s: allocating %s would exceed the limit of %s set with "
+             "gpuaccel.set_memory_limit() (%s already allocated by gpuaccel)",
+             where, ga_format_bytes(size, want, sizeof want),
+             ga_format_bytes(c->limit, limit, sizeof limit),
+             ga_format_bytes(in_use, used, sizeof used));
+    c->num_ooms++;
+    return ga_raise(st, oom_status(kind, text));
+}
+
+/* --------------------------------------------------------------- pinned */
+
+static int pinned_class(size_t size, size_t *capacity)
+{
+    if (size <= 512) {
+        *capacity = 512;
+        return 0;
+    }
+    /* four classes per power of two: at most 25% slack */
+    int k = 63 - __builtin_clzll((unsigned long long)(size - 1));
+    size_t base = (size_t)1 << k, quarter = base >> 2;
+    size_t q = (size - base + quarter - 1) / quarter;
+    *capacity = base + q * quarter;
+    return (k - 9) * 4 + (int)q;
+}
+
+/* 1 when every event of the entry has completed (and recycles them). */
+static int pinned_entry_ready(pinned_entry *e)
+{
+    while (e->n_events > 0) {
+        int done = 0;
+        int k = e->n_events - 1;
+        if (ga_cuda_event_query(e->devices[k], e->events[k], &done).error)
+            done = 1; /* a broken context cannot be waited on anyway */
+        if (!done)
+            return 0;
+        event_put(e->devices[k], e->events[k]);
+        e->n_events--;
+    }
+    return 1;
+}
+
+static void *pinned_take_cached(int cls)
+{
+    for (pinned_entry **link = &pinned_free[cls]; *link; link = &(*link)->next) {
+        pinned_entry *e = *link;
+        if (pinned_entry_ready(e)) {
+            void *ptr = e->ptr;
+            *link = e->next;
+            pinned_cached_bytes -= e->capacity;
+            free(e);
+            return ptr;
+        }
+    }
+    return NULL;
+}
+
+/* Frees cached pinned blocks whose copies are done; returns bytes freed. */
+static uint64_t pinned_release_ready(void)
+{
+    uint64_t released = 0;
+    for (int cls = 0; cls < GA_PINNED_CLASSES; cls++) {
+        pinned_entry **link = &pinned_free[cls];
+        while (*link) {
+            pinned_entry *e = *link;
+            if (pinned_entry_ready(e)) {
+                *link = e->next;
+                ga_cuda_host_free(e->ptr);
+                pinned_cached_bytes -= e->capacity;
+                released += e->capacity;
+                free(e);
+            } else {
+                link = &e->next;
+            }
+        }
+    }
+    return released;
+}
+
+/* ---------------------------------------------------------------- alloc */
+
+static int alloc_host(ga_state *st, ga_block *b, size_t size)
+{
+    ga_counters *c = &host_counters;
+    uint64_t in_use = host_counters.allocated + pinned_counters.allocated;
+    if (c->limit && in_use + size > c->limit)
+        return raise_limit(st, c, "cpu", in_use, size, GA_ERR_HOST_OUT_OF_MEMORY);
+    void *ptr = NULL;
+    if (size > 0 && posix_memalign(&ptr, GA_HOST_ALIGNMENT, size) != 0) {
+        char want[32], text[256];
+        snprintf(text, sizeof text, "could not allocate %s of host memory",
+                 ga_format_bytes(size, want, sizeof want));
+        c->num_ooms++;
+        return ga_raise(st, oom_status(GA_ERR_HOST_OUT_OF_MEMORY, text));
+    }
+    b->ptr = ptr;
+    b->capacity = size;
+    count_alloc(c, size);
+    return 0;
+}
+
+static int alloc_pinned(ga_state *st, ga_block *b, size_t size)
+{
+    size_t capacity = 0;
+    int cls = size ? pinned_class(size, &capacity) : 0;
+    uint64_t in_use = host_counters.allocated + pinned_counters.allocated;
+    if (host_counters.limit && in_use + capacity > host_counters.limit)
+        return raise_limit(st, &host_counters, "cpu (pinned)", in_use, capacity,
+                           GA_ERR_HOST_OUT_OF_MEMORY);
+    void *ptr = NULL;
+    if (size > 0) {
+        ptr = pinned_take_cached(cls);
+        if (!ptr) {
+            ga_status status = ga_cuda_host_alloc(capacity, &ptr);
+            if (status.error == GA_ERR_OUT_OF_MEMORY && pinned_release_ready() > 0)
+                status = ga_cuda_host_alloc(capacity, &ptr);
+            if (status.error) {
+                pinned_counters.num_ooms += status.error == GA_ERR_OUT_OF_MEMORY;
+                return ga_raise(st, status);
+            }
+        }
+    }
+    b->ptr = ptr;
+    b->capacity = capacity;
+    count_alloc(&pinned_counters, capacity);
+    return 0;
+}
+
+static int raise_device_oom(ga_state *st, int device, size_t size, ga_status cause)
+{
+    ga_counters *c = &device_counters[device];
+    uint64_t reserved = 0, peak = 0, free_b = 0, total_b = 0;
+    ga_cuda_pool_reserved(device, &reserved, &peak);
+    ga_cuda_mem_info(device, &free_b, &total_b);
+    char want[32], used[32], res[32], fr[32], tot[32], text[600];
+    snprintf(text, sizeof text,
+             "CUDA out of memory on cuda:%d: tried to allocate %s; gpuaccel has %s allocated "
+             "(%s reserved by its pool); the device has %s free of %s (%s: %s)",
+             device, ga_format_bytes(size, want, sizeof want),
+             ga_format_bytes(c->allocated, used, sizeof used),
+             ga_format_bytes(reserved, res, sizeof res), ga_format_bytes(free_b, fr, sizeof fr),
+             ga_format_bytes(total_b, tot, sizeof tot), cause.call ? cause.call : "",
+             cause.name ? cause.name : "");
+    c->num_ooms++;
+    ga_status status = oom_status(GA_ERR_OUT_OF_MEMORY, text);
+    status.code = cause.code;
+    return ga_raise(st, status);
+}
+
+static int alloc_device(ga_state *st, ga_block *b, int device, size_t size, ga_stream stream)
+{
+    ga_counters *c = &device_counters[device];
+    char where[32];
+    snprintf(where, sizeof where, "cuda:%d", device);
+    if (c->limit && c->allocated + size > c->limit)
+        return raise_limit(st, c, where, c->allocated, size, GA_ERR_OUT_OF_MEMORY);
+    void *ptr = NULL;
+    ga_status status = ga_cuda_malloc_async(device, size, stream, &ptr);
+    if (status.error == GA_ERR_OUT_OF_MEMORY) {
+        /* memory cached for other streams may be released to the device */
+        ga_cuda_pool_trim(device);
+        status = ga_cuda_malloc_async(device, size, stream, &ptr);
+        if (status.error == GA_ERR_OUT_OF_MEMORY)
+            return raise_device_oom(st, device, size, status);
+    }
+    if (status.error)
+        return ga_raise(st, status);
+    device_pool_used[device] = 1;
+    b->ptr = ptr;
+    b->capacity = size;
+    b->stream = stream;
+    count_alloc(c, size);
+    return 0;
+}
+
+ga_block *ga_block_alloc(ga_state *st, ga_mem_kind kind, int device, size_t size,
+                         ga_stream stream)
+{
+    if (kind == GA_MEM_DEVICE && (device < 0 || device >= GA_MAX_DEVICES)) {
+        PyErr_Format(PyExc_ValueError, "CUDA device ordinal %d out of range", device);
+        return NULL;
+    }
+    ga_block *b = calloc(1, sizeof *b);
+    if (!b)
+        return (ga_block *)PyErr_NoMemory();
+    b->kind = kind;
+    b->device = kind == GA_MEM_DEVICE ? device : -1;
+    b->size = size;
+    pthread_mutex_lock(&alloc_lock);
+    int rc = kind == GA_MEM_HOST     ? alloc_host(st, b, size)
+             : kind == GA_MEM_PINNED ? alloc_pinned(st, b, size)
+                                     : alloc_device(st, b, device, size, stream);
+    pthread_mutex_unlock(&alloc_lock);
+    if (rc < 0) {
+        free(b);
+        return NULL;
+    }
+    return b;
+}
+
+int ga_block_prepare_use(ga_state *st, ga_block *b, int device, ga_stream stream)
+{
+    if (!b || b->kind != GA_MEM_DEVICE || !b->ptr || same_stream(stream, b->stream))
+        return 0;
+    pthread_mutex_lock(&alloc_lock);
+    int known = 0;
+    for (int k = 0; k < b->n_uses; k++)
+        known |= same_stream(b->use_streams[k], stream) && b->use_devices[k] == device;
+    pthread_mutex_unlock(&alloc_lock);
+    if (known)
+        return 0;
+    ga_status status = ga_cuda_stream_wait_stream(b->device, stream, b->stream);
+    return status.error ? ga_raise(st, status) : 0;
+}
+
+ga_status ga_block_record_use_status(ga_block *b, int device, ga_stream stream)
+{
+    if (!b || b->kind == GA_MEM_HOST || !b->ptr)
+        return ga_ok();
+    if (b->kind == GA_MEM_DEVICE && same_stream(stream, b->stream))
+        return ga_ok();
+    if (device < 0 || device >= GA_MAX_DEVICES)
+        return ga_ok();
+    ga_status status = ga_ok();
+    pthread_mutex_lock(&alloc_lock);
+    int k;
+    for (k = 0; k < b->n_uses; k++)
+        if (same_stream(b->use_streams[k], stream) && b->use_devices[k] == device)
+            break;
+    if (k == b->n_uses) {
+        if (b->n_uses == GA_BLOCK_MAX_USES) {
+            /* Out of slots: settle the oldest use now.  A device block's
+             * allocation stream waits for it on the GPU; a pinned block
+             * (no stream of its own) waits on the host, which only happens
+             * past four concurrent streams. */
+            status = b->kind == GA_MEM_DEVICE
+                         ? ga_cuda_stream_wait_event(b->device, b->stream, b->use_events[0])
+                         : ga_cuda_event_synchronize(b->use_devices[0], b->use_events[0]);
+            if (status.error)
+                goto done;
+            event_put(b->use_devices[0], b->use_events[0]);
+            memmove(&b->use_streams[0], &b->use_streams[1],
+                    (GA_BLOCK_MAX_USES - 1) * sizeof b->use_streams[0]);
+            memmove(&b->use_events[0], &b->use_events[1],
+                    (GA_BLOCK_MAX_USES - 1) * sizeof b->use_events[0]);
+            memmove(&b->use_devices[0], &b->use_devices[1],
+                    (GA_BLOCK_MAX_USES - 1) * sizeof b->use_devices[0]);
+            b->n_uses--;
+            k = b->n_uses;
+        }
+        status = event_get(device, &b->use_events[k]);
+        if (status.error)
+            goto done;
+        b->use_streams[k] = stream;
+        b->use_devices[k] = device;
+        b->n_uses++;
+    }
+    /* re-recording captures all work queued so far on that stream */
+    status = ga_cuda_event_record(device, b->use_events[k], stream);
+done:
+    pthread_mutex_unlock(&alloc_lock);
+    return status;
+}
+
+int ga_block_record_use(ga_state *st, ga_block *b, int device, ga_stream stream)
+{
+    ga_status status = ga_block_record_use_status(b, device, stream);
+    return status.error ? ga_raise(st, status) : 0;
+}
+
+ga_status ga_block_wait_all(ga_block *b, int device, ga_stream stream)
+{
+    ga_status status = ga_ok();
+    if (!b || b->kind != GA_MEM_DEVICE || !b->ptr)
+        return status;
+    pthread_mutex_lock(&alloc_lock);
+    status = ga_cuda_stream_wait_stream(b->device, stream, b->stream);
+    for (int k = 0; k < b->n_uses && !status.error; k++)
+        if (!same_stream(b->use_streams[k], stream) || b->use_devices[k] != device)
+            status = ga_cuda_stream_wait_event(device, stream, b->use_events[k]);
+    pthread_mutex_unlock(&alloc_lock);
+    return status;
+}
+
+
+
+static void report_unraisable(ga_status status)
+{
+    /* No exception may escape a dealloc; at interpreter exit the CUDA
+     * context may already be gone, and there is nobody left to tell. */
+    (void)status;
+    if (Py_IsInitialized() && !ga_is_finalizing()) {
+        PyErr_Format(PyExc_RuntimeWarning, "gpuaccel: freeing memory failed: %s: %s",
+                     status.call ? status.call : "?", status.name ? status.name : "?");
+        PyErr_WriteUnraisable(NULL);
+    }
+}
+
+void ga_block_free(ga_block *b)
+{
+    if (!b)
+        return;
+    ga_status status = ga_ok();
+    pthread_mutex_lock(&alloc_lock);
+    switch (b->kind) {
+    case GA_MEM_HOST:
+        free(b->ptr);
+        count_free(&host_counters, b->capacity);
+        break;
+    case GA_MEM_PINNED:
+        if (b->ptr) {
+            size_t capacity;
+            int cls = pinned_class(b->size, &capacity);
+            pinned_entry *e = malloc(sizeof *e);
+            if (!e) {
+                /* cannot cache it: wait for its copies, then give it back */
+                for (int k = 0; k < b->n_uses; k++)
+                    ga_cuda_event_synchronize(b->use_devices[k], b->use_events[k]);
+                ga_cuda_host_free(b->ptr);
+            } else {
+                e->ptr = b->ptr;
+                e->capacity = b->capacity;
+                e->n_events = b->n_uses;
+                memcpy(e->events, b->use_events, sizeof e->events);
+                memcpy(e->devices, b->use_devices, sizeof e->devices);
+                e->next = pinned_free[cls];
+                pinned_free[cls] = e;
+                pinned_cached_bytes += e->capacity;
+                b->n_uses = 0;
+            }
+        }
+        count_free(&pinned_counters, b->capacity);
+        break;
+    case GA_MEM_DEVICE:
+        for (int k = 0; k < b->n_uses && !status.error; k++) {
+            status = ga_cuda_stream_wait_event(b->device, b->stream, b->use_events[k]);
+            event_put(b->use_devices[k], b->use_events[k]);
+        }
+        b->n_uses = 0;
+        if (!status.error)
+            status = ga_cuda_free_async(b->device, b->ptr, b->stream);
+        count_free(&device_counters[b->device], b->capacity);
+        break;
+    }
+    for (int k = 0; k < b->n_uses; k++)
+        event_put(b->use_devices[k], b->use_events[k]);
+    pthread_mutex_unlock(&alloc_lock);
+    free(b);
+    if (status.error)
+        report_unraisable(status);
+}
+
+/* ------------------------------------------------------ module functions */
+
+/* device=None: the current CUDA device when CUDA is usable, else the CPU. */
+static int stats_device(ga_state *st, PyObject *obj, ga_device *out)
+{
+    if (obj == Py_None) {
+        if (ga_cuda_usable()) {
+            out->type = GA_DEVICE_CUDA;
+            if (ga_cuda_get_device(&out->index).error)
+                out->index = 0;
+        } else {
+            out->type = GA_DEVICE_CPU;
+            out->index = 0;
+        }
+        return 0;
+    }
+    if (ga_device_from_object(st, obj, out, "device") < 0)
+        return -1;
+    if (out->type == GA_DEVICE_CUDA && ga_ensure_cuda_device(st, out->index) < 0)
+        return -1;
+    return 0;
+}
+
+static PyObject *limit_or_none(uint64_t limit)
+{
+    if (!limit)
+        Py_RETURN_NONE;
+    return PyLong_FromUnsignedLongLong(limit);
+}
+
+PyObject *ga_py_memory_stats(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"device", NULL};
+    PyObject *device_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|O:memory_stats", kwlist, &device_obj))
+        return NULL;
+    ga_state *st = ga_state_from_module(module);
+    ga_device device;
+    if (stats_device(st, device_obj, &device) < 0)
+        return NULL;
+    pthread_mutex_lock(&alloc_lock);
+    PyObject *result;
+    if (device.type == GA_DEVICE_CPU) {
+        ga_counters h = host_counters, p = pinned_counters;
+        uint64_t cached = pinned_cached_bytes;
+        pthread_mutex_unlock(&alloc_lock);
+        result = Py_BuildValue(
+            "{s:s,s:K,s:K,s:K,s:N,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "device", "cpu",
+            "allocated_bytes", (unsigned long long)(h.allocated + p.allocated),
+            "peak_allocated_bytes", (unsigned long long)(h.peak > p.peak ? h.peak : p.peak),
+            "reserved_bytes", (unsigned long long)(h.allocated + p.allocated + cached),
+            "limit_bytes", limit_or_none(h.limit), "num_allocs",
+            (unsigned long long)(h.num_allocs + p.num_allocs), "num_frees",
+            (unsigned long long)(h.num_frees + p.num_frees), "num_ooms",
+            (unsigned long long)(h.num_ooms + p.num_ooms), "pageable_allocated_bytes",
+            (unsigned long long)h.allocated, "pinned_allocated_bytes",
+            (unsigned long long)p.allocated, "pinned_cached_bytes", (unsigned long long)cached,
+            "pinned_peak_bytes", (unsigned long long)p.peak);
+        return result;
+    }
+    ga_counters c = device_counters[device.index];
+    int pool_used = device_pool_used[device.index];
+    pthread_mutex_unlock(&alloc_lock);
+    uint64_t reserved = 0, reserved_peak = 0, free_b = 0, total_b = 0;
+    if (pool_used && ga_cuda_pool_reserved(device.index, &reserved, &reserved_peak).error)
+        PyErr_Clear();
+    ga_status status = ga_cuda_mem_info(device.index, &free_b, &total_b);
+    if (status.error)
+        return ga_raise(st, status), NULL;
+    char where[32];
+    snprintf(where, sizeof where, "cuda:%d", device.index);
+    return Py_BuildValue("{s:s,s:K,s:K,s:K,s:K,s:N,s:K,s:K,s:K,s:K,s:K}", "device", where,
+                         "allocated_bytes", (unsigned long long)c.allocated,
+                         "peak_allocated_bytes", (unsigned long long)c.peak, "reserved_bytes",
+                         (unsigned long long)reserved, "peak_reserved_bytes",
+                         (unsigned long long)reserved_peak, "limit_bytes",
+                         limit_or_none(c.limit), "num_allocs", (unsigned long long)c.num_allocs,
+                         "num_frees", (unsigned long long)c.num_frees, "num_ooms",
+                         (unsigned long long)c.num_ooms, "device_free_bytes",
+                         (unsigned long long)free_b, "device_total_bytes",
+                         (unsigned long long)total_b);
+}
+
+PyObject *ga_py_empty_cache(PyObject *module, PyObject *unused)
+{
+    (void)module, (void)unused;
+    pthread_mutex_lock(&alloc_lock);
+    pinned_release_ready();
+    int used[GA_MAX_DEVICES];
+    memcpy(used, device_pool_used, sizeof used);
+    pthread_mutex_unlock(&alloc_lock);
+    for (int d = 0; d < GA_MAX_DEVICES; d++)
+        if (used[d])
+            ga_cuda_pool_trim(d);
+    Py_RETURN_NONE;
+}
+
+static uint64_t host_total_memory(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
+}
+
+PyObject *ga_py_set_memory_limit(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"limit", "device", NULL};
+    PyObject *limit_obj, *device_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|O:set_memory_limit", kwlist, &limit_obj,
+                                     &device_obj))
+        return NULL;
+    ga_state *st = ga_state_from_module(module);
+    ga_device device;
+    if (stats_device(st, device_obj, &device) < 0)
+        return NULL;
+    uint64_t limit = 0;
+    if (limit_obj == Py_None) {
+        limit = 0;
+    } else if (PyFloat_Check(limit_obj)) {
+        double fraction = PyFloat_AS_DOUBLE(limit_obj);
+        if (!(fraction > 0.0 && fraction <= 1.0)) {
+            PyErr_Format(PyExc_ValueError,
+                         "set_memory_limit: a float limit is a fraction of the device's memory "
+                         "in (0, 1], got %R",
+                         limit_obj);
+            return NULL;
+        }
+        uint64_t total = 0, free_b = 0;
+        if (device.type == GA_DEVICE_CPU) {
+            total = host_total_memory();
+        } else {
+            ga_status status = ga_cuda_mem_info(device.index, &free_b, &total);
+            if (status.error)
+                return ga_raise(st, status), NULL;
+        }
+        limit = (uint64_t)(fraction * (double)total);
+        if (limit == 0)
+            limit = 1;
+    } else if (PyLong_Check(limit_obj) && !PyBool_Check(limit_obj)) {
+        long long bytes = PyLong_AsLongLong(limit_obj);
+        if (bytes == -1 && PyErr_Occurred())
+            return NULL;
+        if (bytes <= 0) {
+            PyErr_Format(PyExc_ValueError,
+                         "set_memory_limit: limit must be a positive number of bytes, a "
+                         "fraction in (0, 1] or None, got %lld",
+                         bytes);
+            return NULL;
+        }
+        limit = (uint64_t)bytes;
+    } else {
+        PyErr_Format(PyExc_TypeError,
+                     "set_memory_limit: limit must be an int (bytes), a float (fraction of the "
+                     "device's memory) or None, got %.200s",
+                     ga_type_name(limit_obj));
+        return NULL;
+    }
+    pthread_mutex_lock(&alloc_lock);
+    if (device.type == GA_DEVICE_CPU)
+        host_counters.limit = limit;
+    else
+        device_counters[device.index].limit = limit;
+    pthread_mutex_unlock(&alloc_lock);
+    Py_RETURN_NONE;
+}

@@ -1,0 +1,69 @@
+/*
+ * alloc.h — one allocator per memory kind.
+ *
+ *   host   (pageable): posix_memalign, counted against the CPU limit;
+ *   pinned (page-locked host): a caching pool of cudaHostAlloc blocks in size
+ *          classes; a freed block is handed out again only after the events
+ *          of the copies that used it have completed;
+ *   device: gpuaccel's stream-ordered pool on each GPU (cudaMallocAsync);
+ *          freeing is queued on the allocation stream after it has waited
+ *          for every other stream the block was used on.
+ */
+#ifndef GPUACCEL_ALLOC_H
+#define GPUACCEL_ALLOC_H
+
+#include "module.h"
+
+typedef enum { GA_MEM_HOST = 0, GA_MEM_PINNED = 1, GA_MEM_DEVICE = 2 } ga_mem_kind;
+
+#define GA_BLOCK_MAX_USES 4
+
+typedef struct {
+    ga_mem_kind kind;
+    int device;        /* CUDA ordinal for DEVICE blocks */
+    void *ptr;
+    size_t size;       /* bytes asked for */
+    size_t capacity;   /* bytes reserved (the pinned size class) */
+    ga_stream stream;  /* DEVICE: the allocation stream */
+    /* other streams the block was used on, each with an event recorded
+     * after that use (see ga_block_record_use) */
+    int n_uses;
+    ga_stream use_streams[GA_BLOCK_MAX_USES];
+    ga_event use_events[GA_BLOCK_MAX_USES];
+    int use_devices[GA_BLOCK_MAX_USES];
+} ga_block;
+
+/* Allocates `size` bytes (NULL ptr for 0 bytes).  Raises OutOfMemoryError
+ * naming the request, what is in use and the limit; returns NULL then. */
+ga_block *ga_block_alloc(ga_state *st, ga_mem_kind kind, int device, size_t size,
+                         ga_stream stream);
+
+/* Before queuing work that uses the block on `stream`: the first time a
+ * stream other than the allocation stream uses it, that stream waits (on
+ * the GPU) for the allocation stream, where the memory became valid. */
+int ga_block_prepare_use(ga_state *st, ga_block *block, int device, ga_stream stream);
+
+/* Records that work just queued on `stream` (of CUDA device `device`) uses
+ * the block, so that freeing or reusing it waits for that work.  Returns -1
+ * with an exception set on a CUDA error. */
+int ga_block_record_use(ga_state *st, ga_block *block, int device, ga_stream stream);
+
+/* Makes `stream` (of CUDA device `device`) wait, on the GPU, for all work
+ * known to use the block: its allocation stream and every recorded use.
+ * Used when memory is handed to a consumer that will read it on `stream`. */
+ga_status ga_block_wait_all(ga_block *block, int device, ga_stream stream);
+
+/* Records a use like ga_block_record_use, reporting instead of raising
+ * (for deleters, which run without a way to raise). */
+ga_status ga_block_record_use_status(ga_block *block, int device, ga_stream stream);
+
+/* Releases the block; never raises (a CUDA error is reported as
+ * unraisable).  Needs the GIL. */
+void ga_block_free(ga_block *block);
+
+/* Module-level functions. */
+PyObject *ga_py_memory_stats(PyObject *module, PyObject *args, PyObject *kwargs);
+PyObject *ga_py_empty_cache(PyObject *module, PyObject *unused);
+PyObject *ga_py_set_memory_limit(PyObject *module, PyObject *args, PyObject *kwargs);
+
+#endif

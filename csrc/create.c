@@ -1,0 +1,257 @@
+/*
+ * create.c — empty / zeros / ones / full / asarray.
+ */
+#include "npy.h"
+
+#include "array.h"
+
+int ga_copy_flag_from_object(PyObject *obj, int *out)
+{
+    if (obj == NULL || obj == Py_None) {
+        *out = -1;
+        return 0;
+    }
+    if (PyBool_Check(obj)) {
+        *out = obj == Py_True;
+        return 0;
+    }
+    PyErr_Format(PyExc_TypeError, "copy must be None, True or False, got %.200s",
+                 ga_type_name(obj));
+    return -1;
+}
+
+/* Arguments shared by empty/zeros/ones/full. */
+typedef struct {
+    int64_t shape[GA_MAX_NDIM];
+    int ndim;
+    ga_dtype dtype;
+    ga_device device;
+    int pinned;
+} creation_args;
+
+static int parse_creation(ga_state *st, PyObject *shape_obj, PyObject *dtype_obj,
+                          PyObject *device_obj, int pinned, creation_args *out)
+{
+    if (ga_shape_from_object(shape_obj, out->shape, &out->ndim, "shape") < 0)
+        return -1;
+    if (dtype_obj != Py_None && ga_dtype_from_object(st, dtype_obj, &out->dtype, "dtype") < 0)
+        return -1;
+    if (ga_device_from_object(st, device_obj, &out->device, "device") < 0)
+        return -1;
+    if (pinned && out->device.type != GA_DEVICE_CPU) {
+        PyErr_SetString(PyExc_ValueError,
+                        "pinned=True is for host memory; it cannot be combined with a CUDA "
+                        "device");
+        return -1;
+    }
+    out->pinned = pinned;
+    return 0;
+}
+
+static PyObject *create(PyObject *module, PyObject *args, PyObject *kwargs, const char *name,
+                        PyObject *fill)
+{
+    static char *kwlist[] = {"shape", "dtype", "device", "pinned", NULL};
+    PyObject *shape_obj, *dtype_obj = Py_None, *device_obj = Py_None;
+    int pinned = 0;
+    char format[32];
+    snprintf(format, sizeof format, "O|OO$p:%s", name);
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, format, kwlist, &shape_obj, &dtype_obj,
+                                     &device_obj, &pinned))
+        return NULL;
+    ga_state *st = ga_state_from_module(module);
+    creation_args a;
+    a.dtype = GA_FLOAT32;
+    if (parse_creation(st, shape_obj, dtype_obj, device_obj, pinned, &a) < 0)
+        return NULL;
+    ArrayObject *arr = ga_array_empty(st, a.dtype, a.ndim, a.shape, a.device, a.pinned, NULL);
+    if (arr && fill && ga_array_fill(st, arr, fill) < 0)
+        Py_CLEAR(arr);
+    return (PyObject *)arr;
+}
+
+PyObject *ga_py_empty(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    return create(module, args, kwargs, "empty", NULL);
+}
+
+PyObject *ga_py_zeros(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    PyObject *zero = PyLong_FromLong(0);
+    PyObject *r = zero ? create(module, args, kwargs, "zeros", zero) : NULL;
+    Py_XDECREF(zero);
+    return r;
+}
+
+PyObject *ga_py_ones(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    PyObject *one = PyLong_FromLong(1);
+    PyObject *r = one ? create(module, args, kwargs, "ones", one) : NULL;
+    Py_XDECREF(one);
+    return r;
+}
+
+/* full()'s dtype when none is given: as torch.full. */
+static int infer_fill_dtype(ga_state *st, PyObject *value, ga_dtype *out)
+{
+    if (PyBool_Check(value) || PyArray_IsScalar(value, Bool)) {
+        *out = GA_BOOL;
+        return 0;
+    }
+    if (PyArray_IsScalar(value, Generic)) {
+        PyArray_Descr *descr = PyArray_DescrFromScalar(value);
+        int rc = descr ? ga_dtype_from_numpy_descr(st, (PyObject *)descr, out) : -1;
+        Py_XDECREF(descr);
+        if (rc == 0)
+            return 0;
+        PyErr_Clear();
+    }
+    if (PyLong_Check(value) || PyArray_IsScalar(value, Integer)) {
+        *out = GA_INT64;
+        return 0;
+    }
+    if (PyFloat_Check(value) || PyArray_IsScalar(value, Floating)) {
+        *out = GA_FLOAT32;
+        return 0;
+    }
+    PyErr_Format(PyExc_TypeError, "fill_value must be a bool, int or float, got %.200s",
+                 ga_type_name(value));
+    return -1;
+}
+
+PyObject *ga_py_full(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"shape", "fill_value", "dtype", "device", "pinned", NULL};
+    PyObject *shape_obj, *value, *dtype_obj = Py_None, *device_obj = Py_None;
+    int pinned = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OO$p:full", kwlist, &shape_obj, &value,
+                                     &dtype_obj, &device_obj, &pinned))
+        return NULL;
+    ga_state *st = ga_state_from_module(module);
+    creation_args a;
+    if (dtype_obj == Py_None && infer_fill_dtype(st, value, &a.dtype) < 0)
+        return NULL;
+    if (parse_creation(st, shape_obj, dtype_obj, device_obj, pinned, &a) < 0)
+        return NULL;
+    ga_scalar check;
+    if (ga_scalar_from_object(value, &check, "fill_value") < 0)
+        return NULL;
+    ArrayObject *arr = ga_array_empty(st, a.dtype, a.ndim, a.shape, a.device, a.pinned, NULL);
+    if (arr && ga_array_fill(st, arr, value) < 0)
+        Py_CLEAR(arr);
+    return (PyObject *)arr;
+}
+
+/* ------------------------------------------------------------- asarray */
+
+/* Objects NumPy must build a new array for (so the result is already a
+ * private copy). */
+static int numpy_makes_new_array(PyObject *obj)
+{
+    return PyList_Check(obj) || PyTuple_Check(obj) || PyLong_Check(obj) || PyFloat_Check(obj) ||
+           PyBool_Check(obj) || PyArray_IsScalar(obj, Generic);
+}
+
+static ArrayObject *from_numpy_convertible(ga_state *st, PyObject *obj)
+{
+    PyObject *arr = PyArray_FromAny(obj, NULL, 0, 0, NPY_ARRAY_NOTSWAPPED, NULL);
+    if (!arr)
+        return NULL;
+    PyArrayObject *a = (PyArrayObject *)arr;
+    ga_dtype dtype;
+    if (ga_dtype_from_numpy_descr(st, (PyObject *)PyArray_DESCR(a), &dtype) < 0) {
+        PyErr_Format(PyExc_TypeError,
+                     "asarray: %.200s with NumPy dtype %R is not supported; gpuaccel supports "
+                     "bool, uint8, int8, int16, int32, int64, float16, bfloat16, float32 and "
+                     "float64",
+                     ga_type_name(obj), (PyObject *)PyArray_DESCR(a));
+        Py_DECREF(arr);
+        return NULL;
+    }
+    if (PyArray_NDIM(a) > GA_MAX_NDIM) {
+        PyErr_Format(PyExc_ValueError, "asarray: %d dimensions; arrays have at most %d",
+                     PyArray_NDIM(a), GA_MAX_NDIM);
+        Py_DECREF(arr);
+        return NULL;
+    }
+    ga_device cpu = {GA_DEVICE_CPU, 0};
+    int flags = PyArray_ISWRITEABLE(a) ? 0 : GA_ARRAY_READONLY;
+    ArrayObject *result = ga_array_wrap(st, PyArray_DATA(a), dtype, PyArray_NDIM(a),
+                                        (const int64_t *)PyArray_SHAPE(a),
+                                        (const int64_t *)PyArray_STRIDES(a), cpu, flags, arr);
+    Py_DECREF(arr);
+    return result;
+}
+
+ArrayObject *ga_asarray(ga_state *st, PyObject *obj, const ga_dtype *dtype,
+                        const ga_device *device, int copy, PyObject *stream_obj)
+{
+    ArrayObject *arr = NULL;
+    int fresh = 0; /* arr is already a private copy of obj's values */
+    if (ga_is_array(st, obj)) {
+        arr = (ArrayObject *)Py_NewRef(obj);
+    } else if (PyCapsule_CheckExact(obj) || PyObject_HasAttrString(obj, "__dlpack__")) {
+        arr = ga_from_dlpack_object(st, obj);
+        if (!arr && PyErr_ExceptionMatches(PyExc_BufferError) && PyObject_CheckBuffer(obj)) {
+            PyErr_Clear(); /* e.g. a read-only NumPy array of an old NumPy */
+            arr = from_numpy_convertible(st, obj);
+        }
+    } else if (PyObject_HasAttrString(obj, "__cuda_array_interface__")) {
+        PyObject *cai = PyObject_GetAttrString(obj, "__cuda_array_interface__");
+        if (!cai)
+            return NULL;
+        arr = ga_from_cuda_array_interface(st, obj, cai);
+        Py_DECREF(cai);
+    } else {
+        fresh = numpy_makes_new_array(obj);
+        if (fresh && copy == 0) {
+            PyErr_Format(PyExc_ValueError,
+                         "asarray: copy=False, but a %.200s has to be copied to make an array",
+                         ga_type_name(obj));
+            return NULL;
+        }
+        arr = from_numpy_convertible(st, obj);
+    }
+    if (!arr)
+        return NULL;
+    ga_dtype want_dtype = dtype ? *dtype : arr->dtype;
+    ga_device want_device = device ? *device : arr->device;
+    int convert = want_dtype != arr->dtype || !ga_device_equal(want_device, arr->device);
+    if (convert && copy == 0) {
+        char have[32], want[32];
+        PyErr_Format(PyExc_ValueError,
+                     "asarray: copy=False, but turning %s %s into %s %s needs a copy",
+                     ga_dtype_name(arr->dtype), ga_device_str(arr->device, have, sizeof have),
+                     ga_dtype_name(want_dtype), ga_device_str(want_device, want, sizeof want));
+        Py_DECREF(arr);
+        return NULL;
+    }
+    if (convert || (copy == 1 && !fresh)) {
+        ArrayObject *copied = ga_array_copy_to(st, arr, want_device, want_dtype, 0, stream_obj);
+        Py_DECREF(arr);
+        return copied;
+    }
+    return arr;
+}
+
+PyObject *ga_py_asarray(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"obj", "dtype", "device", "copy", "stream", NULL};
+    PyObject *obj, *dtype_obj = Py_None, *device_obj = Py_None, *copy_obj = Py_None,
+                   *stream_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|OO$OO:asarray", kwlist, &obj, &dtype_obj,
+                                     &device_obj, &copy_obj, &stream_obj))
+        return NULL;
+    ga_state *st = ga_state_from_module(module);
+    ga_dtype dtype;
+    ga_device device;
+    int copy;
+    if (dtype_obj != Py_None && ga_dtype_from_object(st, dtype_obj, &dtype, "dtype") < 0)
+        return NULL;
+    if (device_obj != Py_None && ga_device_from_object(st, device_obj, &device, "device") < 0)
+        return NULL;
+    if (ga_copy_flag_from_object(copy_obj, &copy) < 0)
+        return NULL;
+    return (PyObject *)ga_asarray(st, obj, dtype_obj == Py_None ? NULL : &dtype,
+                                  device_obj == Py_None ? NULL : &device, copy, stream_obj);
+}

@@ -1,0 +1,861 @@
+/*
+ * dlpack.c — DLPack (producer and consumer) and __cuda_array_interface__ v3.
+ *
+ * Producer: __dlpack__ hands out a "dltensor_versioned" capsule when the
+ * consumer passes max_version >= (1, 0), a legacy "dltensor" one otherwise.
+ * The tensor keeps the exported Array alive; its deleter takes the GIL and
+ * does nothing once the interpreter is shutting down.  For CUDA arrays the
+ * consumer's stream is made to wait (on the GPU) for the work pending on the
+ * memory; the host never blocks.
+ *
+ * Consumer: a capsule is renamed "used_dltensor[_versioned]" once its
+ * contents belong to a gpuaccel Array, which calls the deleter when the
+ * last view of the memory goes.
+ */
+#include "npy.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "array.h"
+#include "dlpack_abi.h"
+
+static const char *const CAPSULE_VERSIONED = "dltensor_versioned";
+static const char *const CAPSULE_LEGACY = "dltensor";
+static const char *const CAPSULE_USED_VERSIONED = "used_dltensor_versioned";
+static const char *const CAPSULE_USED_LEGACY = "used_dltensor";
+static const char *const CAPSULE_OWNER = "gpuaccel.dlpack_owner";
+
+/* ------------------------------------------------------------ dtypes */
+
+static DLDataType dl_dtype(ga_dtype dtype)
+{
+    DLDataType t;
+    t.lanes = 1;
+    t.bits = (uint8_t)(8 * ga_dtype_itemsize(dtype));
+    switch (dtype) {
+    case GA_BOOL: t.code = kDLBool; break;
+    case GA_UINT8: t.code = kDLUInt; break;
+    case GA_INT8: case GA_INT16: case GA_INT32: case GA_INT64: t.code = kDLInt; break;
+    case GA_BFLOAT16: t.code = kDLBfloat; break;
+    default: t.code = kDLFloat; break;
+    }
+    return t;
+}
+
+static int ga_dtype_from_dl(DLDataType t, ga_dtype *out)
+{
+    if (t.lanes != 1)
+        return -1;
+    switch (t.code) {
+    case kDLBool:
+        if (t.bits == 8) { *out = GA_BOOL; return 0; }
+        return -1;
+    case kDLUInt:
+        if (t.bits == 8) { *out = GA_UINT8; return 0; }
+        return -1;
+    case kDLInt:
+        switch (t.bits) {
+        case 8: *out = GA_INT8; return 0;
+        case 16: *out = GA_INT16; return 0;
+        case 32: *out = GA_INT32; return 0;
+        case 64: *out = GA_INT64; return 0;
+        }
+        return -1;
+    case kDLFloat:
+        switch (t.bits) {
+        case 16: *out = GA_FLOAT16; return 0;
+        case 32: *out = GA_FLOAT32; return 0;
+        case 64: *out = GA_FLOAT64; return 0;
+        }
+        return -1;
+    case kDLBfloat:
+        if (t.bits == 16) { *out = GA_BFLOAT16; return 0; }
+        return -1;
+    }
+    return -1;
+}
+
+/* ---------------------------------------------------------- producer */
+
+/* One allocation per export: the managed tensor, its shape and strides, and
+ * what the deleter needs. */
+typedef struct {
+    union {
+        DLManagedTensor legacy;
+        DLManagedTensorVersioned versioned;
+    } managed;
+    PyObject *array;     /* the exported Array: keeps the memory alive */
+    ga_block *block;     /* its allocation (borrowed from the array), or NULL */
+    int device;          /* CUDA ordinal, or -1 for host memory */
+    int has_consumer_stream;
+    ga_stream consumer_stream;
+    int64_t dims[];      /* shape[ndim], then strides[ndim] */
+} export_ctx;
+
+static void export_release(export_ctx *ctx)
+{
+    /* Runs in whichever thread the consumer drops the tensor in, maybe
+     * during interpreter shutdown, when touching Python would crash. */
+    if (!Py_IsInitialized() || ga_is_finalizing())
+        return;
+    PyGILState_STATE gil = PyGILState_Ensure();
+    if (ctx->has_consumer_stream && ctx->block)
+        (void)ga_block_record_use_status(ctx->block, ctx->device, ctx->consumer_stream);
+    Py_DECREF(ctx->array);
+    PyGILState_Release(gil);
+    free(ctx);
+}
+
+static void delete_versioned(DLManagedTensorVersioned *m)
+{
+    export_release((export_ctx *)m->manager_ctx);
+}
+
+static void delete_legacy(DLManagedTensor *m)
+{
+    export_release((export_ctx *)m->manager_ctx);
+}
+
+/* A capsule nobody consumed owns its tensor. */
+static void capsule_destructor_versioned(PyObject *capsule)
+{
+    if (PyCapsule_IsValid(capsule, CAPSULE_VERSIONED)) {
+        DLManagedTensorVersioned *m = PyCapsule_GetPointer(capsule, CAPSULE_VERSIONED);
+        if (m && m->deleter)
+            m->deleter(m);
+    }
+    PyErr_Clear();
+}
+
+static void capsule_destructor_legacy(PyObject *capsule)
+{
+    if (PyCapsule_IsValid(capsule, CAPSULE_LEGACY)) {
+        DLManagedTensor *m = PyCapsule_GetPointer(capsule, CAPSULE_LEGACY);
+        if (m && m->deleter)
+            m->deleter(m);
+    }
+    PyErr_Clear();
+}
+
+/* Parses DLPack's `stream` for a CUDA export: *none=1 for -1 (no sync). */
+static int parse_consumer_stream(PyObject *obj, ga_stream *out, int *no_sync)
+{
+    *no_sync = 0;
+    if (obj == Py_None) {
+        *out = GA_STREAM_LEGACY;
+        return 0;
+    }
+    if (!PyLong_Check(obj) || PyBool_Check(obj)) {
+        PyErr_Format(PyExc_TypeError,
+                     "__dlpack__: stream must be None or an int (1: legacy default stream, 2: "
+                     "per-thread default stream, -1: no synchronization, else a cudaStream_t), "
+                     "got %.200s",
+                     ga_type_name(obj));
+        return -1;
+    }
+    long long v = PyLong_AsLongLong(obj);
+    if (v == -1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        v = -2; /* beyond long long: treat as a handle below */
+        unsigned long long u = PyLong_AsUnsignedLongLong(obj);
+        if (u == (unsigned long long)-1 && PyErr_Occurred())
+            return -1;
+        *out = (ga_stream)(uintptr_t)u;
+        return 0;
+    }
+    if (v == -1) {
+        *no_sync = 1;
+        return 0;
+    }
+    if (v == 0) {
+        PyErr_SetString(PyExc_ValueError,
+                        "__dlpack__: stream=0 is ambiguous and not allowed for CUDA; use 1 for "
+                        "the legacy default stream or 2 for the per-thread default stream");
+        return -1;
+    }
+    if (v < 0) {
+        PyErr_Format(PyExc_ValueError, "__dlpack__: invalid stream %lld", v);
+        return -1;
+    }
+    *out = (ga_stream)(uintptr_t)v;
+    return 0;
+}
+
+static int parse_max_version(PyObject *obj, int *versioned)
+{
+    *versioned = 0;
+    if (obj == Py_None)
+        return 0;
+    if (!PyTuple_Check(obj) || PyTuple_GET_SIZE(obj) != 2 ||
+        !PyLong_Check(PyTuple_GET_ITEM(obj, 0)) || !PyLong_Check(PyTuple_GET_ITEM(obj, 1))) {
+        PyErr_Format(PyExc_TypeError,
+                     "__dlpack__: max_version must be None or a (major, minor) tuple of ints, "
+                     "got %R",
+                     obj);
+        return -1;
+    }
+    long major = PyLong_AsLong(PyTuple_GET_ITEM(obj, 0));
+    if (major == -1 && PyErr_Occurred())
+        return -1;
+    *versioned = major >= 1;
+    return 0;
+}
+
+/* dl_device: None, or a (device_type, device_id) pair. */
+static int parse_dl_device(ga_state *st, PyObject *obj, const ArrayObject *self, ga_device *out)
+{
+    *out = self->device;
+    if (obj == Py_None)
+        return 0;
+    int type, id;
+    if (!PyTuple_Check(obj) || !PyArg_ParseTuple(obj, "ii", &type, &id)) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError,
+                     "__dlpack__: dl_device must be None or a (device_type, device_id) tuple, "
+                     "got %R",
+                     obj);
+        return -1;
+    }
+    if (type == kDLCPU || type == kDLCUDAHost) {
+        out->type = GA_DEVICE_CPU;
+        out->index = 0;
+        return 0;
+    }
+    if (type == kDLCUDA || type == kDLCUDAManaged) {
+        out->type = GA_DEVICE_CUDA;
+        out->index = id;
+        return ga_ensure_cuda_device(st, id);
+    }
+    PyErr_Format(PyExc_BufferError,
+                 "__dlpack__: cannot export to DLPack device type %d; gpuaccel supports CPU "
+                 "(1) and CUDA (2)",
+                 type);
+    return -1;
+}
+
+PyObject *ga_array_dlpack(ArrayObject *self, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"stream", "max_version", "dl_device", "copy", NULL};
+    PyObject *stream_obj = Py_None, *max_version = Py_None, *dl_device = Py_None,
+             *copy_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$OOOO:__dlpack__", kwlist, &stream_obj,
+                                     &max_version, &dl_device, &copy_obj))
+        return NULL;
+    ga_state *st = ga_state_from_type(Py_TYPE(self));
+    if (!st)
+        return NULL;
+    int versioned, copy;
+    ga_device target;
+    if (parse_max_version(max_version, &versioned) < 0 || ga_copy_flag_from_object(copy_obj, &copy) < 0 ||
+        parse_dl_device(st, dl_device, self, &target) < 0)
+        return NULL;
+
+    ArrayObject *x = self; /* what is exported: self or a copy */
+    int copied = 0;
+    if (!ga_device_equal(target, self->device) || copy == 1) {
+        if (copy == 0) {
+            PyErr_SetString(PyExc_BufferError,
+                            "__dlpack__: the requested dl_device differs from the array's "
+                            "device, which needs a copy, but copy=False");
+            return NULL;
+        }
+        x = ga_array_copy_to(st, self, target, self->dtype, 0, NULL);
+        if (!x)
+            return NULL;
+        copied = 1;
+    } else {
+        Py_INCREF(x);
+    }
+
+    int readonly = (x->flags & GA_ARRAY_READONLY) != 0;
+    int ndim = x->ndim;
+    size_t itemsize = ga_dtype_itemsize(x->dtype);
+    export_ctx *ctx = NULL;
+    PyObject *capsule = NULL;
+    if (readonly && !versioned) {
+        PyErr_SetString(PyExc_BufferError,
+                        "__dlpack__: a read-only array can only be exported as a versioned "
+                        "DLPack tensor (the consumer must pass max_version >= (1, 0))");
+        goto error;
+    }
+    for (int d = 0; d < ndim; d++) {
+        if (x->strides[d] % (int64_t)itemsize) {
+            PyErr_Format(PyExc_BufferError,
+                         "__dlpack__: stride %lld bytes of dimension %d is not a multiple of "
+                         "the itemsize %zu, which DLPack cannot express",
+                         (long long)x->strides[d], d, itemsize);
+            goto error;
+        }
+    }
+
+    ctx = calloc(1, sizeof *ctx + 2 * (size_t)(ndim > 0 ? ndim : 1) * sizeof(int64_t));
+    if (!ctx) {
+        PyErr_NoMemory();
+        goto error;
+    }
+    int64_t *shape = ctx->dims, *strides = ctx->dims + ndim;
+    for (int d = 0; d < ndim; d++) {
+        shape[d] = x->shape[d];
+        strides[d] = x->strides[d] / (int64_t)itemsize;
+    }
+    ctx->device = x->device.type == GA_DEVICE_CUDA ? x->device.index : -1;
+    ctx->block = x->block;
+
+    if (x->device.type == GA_DEVICE_CUDA) {
+        ga_stream consumer;
+        int no_sync;
+        if (parse_consumer_stream(stream_obj, &consumer, &no_sync) < 0)
+            goto error;
+        if (!no_sync) {
+            ga_stream producer;
+            if (ga_current_stream(st, ctx->device, &producer) < 0)
+                goto error;
+            GA_CHECK(st, ga_cuda_stream_wait_stream(ctx->device, consumer, producer));
+            GA_CHECK(st, ga_block_wait_all(x->block, ctx->device, consumer));
+            ctx->has_consumer_stream = 1;
+            ctx->consumer_stream = consumer;
+        }
+    } else if (stream_obj != Py_None && !(PyLong_Check(stream_obj) &&
+                                          PyLong_AsLong(stream_obj) == -1)) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError,
+                     "__dlpack__: stream must be None for an array in host memory, got %R",
+                     stream_obj);
+        goto error;
+    }
+
+    DLTensor *t = versioned ? &ctx->managed.versioned.dl_tensor : &ctx->managed.legacy.dl_tensor;
+    t->data = x->data;
+    /* pinned host memory is reported as CPU: consumers (torch) refuse kDLCUDAHost */
+    t->device.device_type = x->device.type == GA_DEVICE_CUDA ? kDLCUDA : kDLCPU;
+    t->device.device_id = x->device.type == GA_DEVICE_CUDA ? x->device.index : 0;
+    t->ndim = ndim;
+    t->dtype = dl_dtype(x->dtype);
+    t->shape = ndim ? shape : NULL;
+    t->strides = ndim ? strides : NULL;
+    t->byte_offset = 0;
+    ctx->array = (PyObject *)x; /* the reference taken above now belongs to ctx */
+    x = NULL;
+    if (versioned) {
+        DLManagedTensorVersioned *m = &ctx->managed.versioned;
+        m->version.major = DLPACK_MAJOR_VERSION;
+        m->version.minor = DLPACK_MINOR_VERSION;
+        m->manager_ctx = ctx;
+        m->deleter = delete_versioned;
+        m->flags = (readonly ? DLPACK_FLAG_BITMASK_READ_ONLY : 0) |
+                   (copied ? DLPACK_FLAG_BITMASK_IS_COPIED : 0);
+        capsule = PyCapsule_New(m, CAPSULE_VERSIONED, capsule_destructor_versioned);
+    } else {
+        DLManagedTensor *m = &ctx->managed.legacy;
+        m->manager_ctx = ctx;
+        m->deleter = delete_legacy;
+        capsule = PyCapsule_New(m, CAPSULE_LEGACY, capsule_destructor_legacy);
+    }
+    if (!capsule) {
+        Py_DECREF(ctx->array);
+        free(ctx);
+        return NULL;
+    }
+    return capsule;
+error:
+    Py_XDECREF(x);
+    free(ctx);
+    return NULL;
+}
+
+PyObject *ga_array_dlpack_device(ArrayObject *self, PyObject *unused)
+{
+    (void)unused;
+    if (self->device.type == GA_DEVICE_CUDA)
+        return Py_BuildValue("(ii)", (int)kDLCUDA, self->device.index);
+    return Py_BuildValue("(ii)", (int)kDLCPU, 0);
+}
+
+/* ---------------------------------------------------------- consumer */
+
+/* The owner of an imported tensor: calls its deleter when the Array (and
+ * every view of it) is gone. */
+static void owner_destructor(PyObject *capsule)
+{
+    void *ptr = PyCapsule_GetPointer(capsule, CAPSULE_OWNER);
+    int versioned = PyCapsule_GetContext(capsule) != NULL;
+    if (!ptr) {
+        PyErr_Clear();
+        return;
+    }
+    if (versioned) {
+        DLManagedTensorVersioned *m = ptr;
+        if (m->deleter)
+            m->deleter(m);
+    } else {
+        DLManagedTensor *m = ptr;
+        if (m->deleter)
+            m->deleter(m);
+    }
+}
+
+static ArrayObject *import_capsule(ga_state *st, PyObject *capsule)
+{
+    int versioned;
+    void *managed;
+    if (PyCapsule_IsValid(capsule, CAPSULE_VERSIONED)) {
+        versioned = 1;
+        managed = PyCapsule_GetPointer(capsule, CAPSULE_VERSIONED);
+    } else if (PyCapsule_IsValid(capsule, CAPSULE_LEGACY)) {
+        versioned = 0;
+        managed = PyCapsule_GetPointer(capsule, CAPSULE_LEGACY);
+    } else {
+        const char *name = PyCapsule_GetName(capsule);
+        PyErr_Clear();
+        if (name && strncmp(name, "used_", 5) == 0)
+            PyErr_SetString(PyExc_BufferError,
+                            "from_dlpack: this DLPack capsule was already consumed");
+        else
+            PyErr_Format(PyExc_TypeError,
+                         "from_dlpack: expected a DLPack capsule named 'dltensor' or "
+                         "'dltensor_versioned', got one named %s%s%s",
+                         name ? "'" : "", name ? name : "None", name ? "'" : "");
+        return NULL;
+    }
+    if (!managed)
+        return NULL;
+    DLTensor *t;
+    uint64_t flags = 0;
+    if (versioned) {
+        DLManagedTensorVersioned *m = managed;
+        if (m->version.major > DLPACK_MAJOR_VERSION) {
+            PyErr_Format(PyExc_BufferError,
+                         "from_dlpack: DLPack version %u.%u is newer than the %d.x gpuaccel "
+                         "supports",
+                         m->version.major, m->version.minor, DLPACK_MAJOR_VERSION);
+            return NULL;
+        }
+        t = &m->dl_tensor;
+        flags = m->flags;
+    } else {
+        t = &((DLManagedTensor *)managed)->dl_tensor;
+    }
+
+    if (t->ndim < 0 || t->ndim > GA_MAX_NDIM) {
+        PyErr_Format(PyExc_BufferError, "from_dlpack: ndim %d is outside 0..%d", (int)t->ndim,
+                     GA_MAX_NDIM);
+        return NULL;
+    }
+    if (t->ndim > 0 && !t->shape) {
+        PyErr_SetString(PyExc_BufferError, "from_dlpack: the tensor has no shape");
+        return NULL;
+    }
+    ga_dtype dtype;
+    if (ga_dtype_from_dl(t->dtype, &dtype) < 0) {
+        PyErr_Format(PyExc_BufferError,
+                     "from_dlpack: DLPack dtype (code %u, bits %u, lanes %u) is not supported; "
+                     "gpuaccel supports bool, uint8, int8-int64, float16, bfloat16, float32 and "
+                     "float64",
+                     t->dtype.code, t->dtype.bits, t->dtype.lanes);
+        return NULL;
+    }
+    if (flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED) {
+        PyErr_SetString(PyExc_BufferError, "from_dlpack: padded sub-byte types are not supported");
+        return NULL;
+    }
+    ga_device device;
+    int array_flags = (flags & DLPACK_FLAG_BITMASK_READ_ONLY) ? GA_ARRAY_READONLY : 0;
+    switch (t->device.device_type) {
+    case kDLCPU:
+        device.type = GA_DEVICE_CPU;
+        device.index = 0;
+        break;
+    case kDLCUDAHost:
+        device.type = GA_DEVICE_CPU;
+        device.index = 0;
+        array_flags |= GA_ARRAY_PINNED;
+        break;
+    case kDLCUDA:
+    case kDLCUDAManaged:
+        device.type = GA_DEVICE_CUDA;
+        device.index = t->device.device_id;
+        if (ga_ensure_cuda_device(st, device.index) < 0)
+            return NULL;
+        break;
+    default:
+        PyErr_Format(PyExc_BufferError,
+                     "from_dlpack: DLPack device type %d is not supported; gpuaccel takes CPU "
+                     "(1), CUDA (2), CUDA host (3) and CUDA managed (13) memory",
+                     (int)t->device.device_type);
+        return NULL;
+    }
+    int64_t numel;
+    if (ga_check_shape(dtype, t->ndim, t->shape, &numel) < 0) {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyErr_Format(PyExc_BufferError, "from_dlpack: invalid shape: %S", value);
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        return NULL;
+    }
+    if (!t->data && numel > 0) {
+        PyErr_SetString(PyExc_BufferError, "from_dlpack: NULL data pointer for a non-empty tensor");
+        return NULL;
+    }
+    int64_t itemsize = (int64_t)ga_dtype_itemsize(dtype);
+    int64_t strides[GA_MAX_NDIM];
+    int64_t *byte_strides = NULL;
+    if (t->strides) {
+        for (int d = 0; d < t->ndim; d++) {
+            if (t->strides[d] > INT64_MAX / itemsize || t->strides[d] < INT64_MIN / itemsize) {
+                PyErr_Format(PyExc_BufferError, "from_dlpack: stride %lld overflows",
+                             (long long)t->strides[d]);
+                return NULL;
+            }
+            strides[d] = t->strides[d] * itemsize;
+        }
+        byte_strides = strides;
+    }
+    char *data = t->data ? (char *)t->data + t->byte_offset : NULL;
+
+    /* Take ownership: our capsule calls the deleter; theirs is marked used. */
+    PyObject *owner = PyCapsule_New(managed, CAPSULE_OWNER, NULL);
+    if (!owner)
+        return NULL;
+    if (versioned && PyCapsule_SetContext(owner, (void *)1) < 0) {
+        Py_DECREF(owner);
+        return NULL;
+    }
+    ArrayObject *arr = ga_array_wrap(st, data, dtype, t->ndim, t->shape, byte_strides, device,
+                                     array_flags, owner);
+    if (!arr || PyCapsule_SetName(capsule, versioned ? CAPSULE_USED_VERSIONED
+                                                     : CAPSULE_USED_LEGACY) < 0) {
+        Py_XDECREF(arr);
+        Py_DECREF(owner); /* no destructor yet: the producer's capsule still owns it */
+        return NULL;
+    }
+    if (PyCapsule_SetDestructor(owner, owner_destructor) < 0) {
+        /* cannot happen for a valid capsule; the memory then leaks safely */
+        PyErr_Clear();
+    }
+    Py_DECREF(owner);
+    return arr;
+}
+
+/* Calls obj.__dlpack__ asking for a versioned tensor and, for CUDA, for our
+ * current stream to be made to wait; retries the plain call for producers
+ * that predate those keywords. */
+static PyObject *call_dlpack(ga_state *st, PyObject *obj)
+{
+    PyObject *kwargs = PyDict_New(), *capsule = NULL, *device = NULL;
+    if (!kwargs)
+        return NULL;
+    PyObject *max_version = Py_BuildValue("(ii)", DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION);
+    if (!max_version || PyDict_SetItemString(kwargs, "max_version", max_version) < 0)
+        goto done;
+    device = PyObject_HasAttrString(obj, "__dlpack_device__")
+                 ? PyObject_CallMethod(obj, "__dlpack_device__", NULL)
+                 : NULL;
+    if (PyErr_Occurred())
+        goto done;
+    if (device) {
+        int type, id;
+        if (!PyTuple_Check(device) || !PyArg_ParseTuple(device, "ii", &type, &id)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError,
+                         "from_dlpack: __dlpack_device__() must return (device_type, "
+                         "device_id), got %R",
+                         device);
+            goto done;
+        }
+        if (type == kDLCUDA || type == kDLCUDAManaged) {
+            ga_stream ours;
+            if (ga_ensure_cuda_device(st, id) < 0 || ga_current_stream(st, id, &ours) < 0)
+                goto done;
+            PyObject *s = PyLong_FromSsize_t(ga_stream_protocol_value(ours));
+            int rc = s ? PyDict_SetItemString(kwargs, "stream", s) : -1;
+            Py_XDECREF(s);
+            if (rc < 0)
+                goto done;
+        }
+    }
+    PyObject *method = PyObject_GetAttrString(obj, "__dlpack__");
+    if (!method)
+        goto done;
+    PyObject *empty = PyTuple_New(0);
+    if (empty) {
+        capsule = PyObject_Call(method, empty, kwargs);
+        if (!capsule && PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();
+            PyDict_DelItemString(kwargs, "max_version");
+            capsule = PyObject_Call(method, empty, kwargs);
+        }
+        Py_DECREF(empty);
+    }
+    Py_DECREF(method);
+done:
+    Py_XDECREF(max_version);
+    Py_XDECREF(device);
+    Py_DECREF(kwargs);
+    return capsule;
+}
+
+ArrayObject *ga_from_dlpack_object(ga_state *st, PyObject *obj)
+{
+    if (PyCapsule_CheckExact(obj))
+        return import_capsule(st, obj);
+    PyObject *capsule = call_dlpack(st, obj);
+    if (!capsule)
+        return NULL;
+    if (!PyCapsule_CheckExact(capsule)) {
+        PyErr_Format(PyExc_TypeError, "from_dlpack: %.200s.__dlpack__() returned a %.200s, not a "
+                                      "capsule",
+                     ga_type_name(obj), ga_type_name(capsule));
+        Py_DECREF(capsule);
+        return NULL;
+    }
+    ArrayObject *arr = import_capsule(st, capsule);
+    Py_DECREF(capsule);
+    return arr;
+}
+
+PyObject *ga_py_from_dlpack(PyObject *module, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"x", "device", "copy", NULL};
+    PyObject *x, *device_obj = Py_None, *copy_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|$OO:from_dlpack", kwlist, &x, &device_obj,
+                                     &copy_obj))
+        return NULL;
+    ga_state *st = ga_state_from_module(module);
+    if (!PyCapsule_CheckExact(x) && !PyObject_HasAttrString(x, "__dlpack__")) {
+        PyErr_Format(PyExc_TypeError,
+                     "from_dlpack: x must have a __dlpack__ method or be a DLPack capsule, got "
+                     "%.200s",
+                     ga_type_name(x));
+        return NULL;
+    }
+    ga_device device;
+    int copy;
+    if (device_obj != Py_None && ga_device_from_object(st, device_obj, &device, "device") < 0)
+        return NULL;
+    if (ga_copy_flag_from_object(copy_obj, &copy) < 0)
+        return NULL;
+    return (PyObject *)ga_asarray(st, x, NULL, device_obj == Py_None ? NULL : &device, copy, NULL);
+}
+
+/* -------------------------------------------------- CUDA Array Interface */
+
+static const char *cai_typestr(ga_dtype dtype)
+{
+    static const char *const typestrs[GA_NUM_DTYPES] = {
+        "|b1", "|u1", "|i1", "<i2", "<i4", "<i8", "<f2", NULL, "<f4", "<f8",
+    };
+    return (unsigned)dtype < GA_NUM_DTYPES ? typestrs[dtype] : NULL;
+}
+
+PyObject *ga_array_cuda_array_interface(ArrayObject *self, void *closure)
+{
+    (void)closure;
+    if (self->device.type != GA_DEVICE_CUDA) {
+        PyErr_SetString(PyExc_AttributeError,
+                        "__cuda_array_interface__ is only defined for CUDA arrays");
+        return NULL;
+    }
+    const char *typestr = cai_typestr(self->dtype);
+    if (!typestr) {
+        PyErr_SetString(PyExc_AttributeError,
+                        "bfloat16 has no __cuda_array_interface__ typestr; exchange it with "
+                        "DLPack");
+        return NULL;
+    }
+    ga_state *st = ga_state_from_type(Py_TYPE(self));
+    if (!st)
+        return NULL;
+    /* `stream` promises the data is ready on our current stream: make that
+     * true for work queued on other streams too */
+    ga_stream stream;
+    if (ga_current_stream(st, self->device.index, &stream) < 0)
+        return NULL;
+    GA_CHECK(st, ga_block_wait_all(self->block, self->device.index, stream));
+    PyObject *shape = NULL, *strides = NULL;
+    shape = PyTuple_New(self->ndim);
+    if (!shape)
+        return NULL;
+    for (int d = 0; d < self->ndim; d++)
+        PyTuple_SET_ITEM(shape, d, PyLong_FromLongLong(self->shape[d]));
+    if (ga_array_is_contiguous(self)) {
+        strides = Py_NewRef(Py_None);
+    } else {
+        strides = PyTuple_New(self->ndim);
+        if (!strides) {
+            Py_DECREF(shape);
+            return NULL;
+        }
+        for (int d = 0; d < self->ndim; d++)
+            PyTuple_SET_ITEM(strides, d, PyLong_FromLongLong(self->strides[d]));
+    }
+    return Py_BuildValue("{s:N,s:s,s:(NO),s:i,s:N,s:n,s:[(ss)]}", "shape", shape, "typestr",
+                         typestr, "data", PyLong_FromVoidPtr(self->data),
+                         self->flags & GA_ARRAY_READONLY ? Py_True : Py_False, "version", 3,
+                         "strides", strides, "stream", ga_stream_protocol_value(stream), "descr",
+                         "", typestr);
+error:
+    return NULL;
+}
+
+static int dtype_from_typestr(const char *s, ga_dtype *out)
+{
+    if (strlen(s) != 3 || !(s[0] == '<' || s[0] == '|' || s[0] == '='))
+        return -1;
+    static const struct {
+        const char *code;
+        ga_dtype dtype;
+    } table[] = {
+        {"b1", GA_BOOL},  {"u1", GA_UINT8},   {"i1", GA_INT8},    {"i2", GA_INT16},
+        {"i4", GA_INT32}, {"i8", GA_INT64},   {"f2", GA_FLOAT16}, {"f4", GA_FLOAT32},
+        {"f8", GA_FLOAT64},
+    };
+    for (size_t k = 0; k < sizeof table / sizeof table[0]; k++) {
+        if (strcmp(s + 1, table[k].code) == 0) {
+            *out = table[k].dtype;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+static int int64_tuple_from(PyObject *obj, int64_t *out, int *n, const char *what)
+{
+    if (!PyTuple_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "__cuda_array_interface__: %s must be a tuple, got %.200s",
+                     what, ga_type_name(obj));
+        return -1;
+    }
+    Py_ssize_t len = PyTuple_GET_SIZE(obj);
+    if (len > GA_MAX_NDIM) {
+        PyErr_Format(PyExc_ValueError, "__cuda_array_interface__: %s has more than %d entries",
+                     what, GA_MAX_NDIM);
+        return -1;
+    }
+    for (Py_ssize_t k = 0; k < len; k++) {
+        PyObject *item = PyTuple_GET_ITEM(obj, k);
+        if (!PyLong_Check(item)) {
+            PyErr_Format(PyExc_TypeError, "__cuda_array_interface__: %s must hold ints", what);
+            return -1;
+        }
+        out[k] = PyLong_AsLongLong(item);
+        if (out[k] == -1 && PyErr_Occurred())
+            return -1;
+    }
+    *n = (int)len;
+    return 0;
+}
+
+ArrayObject *ga_from_cuda_array_interface(ga_state *st, PyObject *obj, PyObject *cai)
+{
+    if (!PyDict_Check(cai)) {
+        PyErr_Format(PyExc_TypeError, "__cuda_array_interface__ must be a dict, got %.200s",
+                     ga_type_name(cai));
+        return NULL;
+    }
+    PyObject *shape_obj = PyDict_GetItemString(cai, "shape");
+    PyObject *typestr_obj = PyDict_GetItemString(cai, "typestr");
+    PyObject *data_obj = PyDict_GetItemString(cai, "data");
+    PyObject *strides_obj = PyDict_GetItemString(cai, "strides");
+    PyObject *mask = PyDict_GetItemString(cai, "mask");
+    PyObject *stream_obj = PyDict_GetItemString(cai, "stream");
+    if (!shape_obj || !typestr_obj || !data_obj) {
+        PyErr_SetString(PyExc_ValueError,
+                        "__cuda_array_interface__ needs 'shape', 'typestr' and 'data'");
+        return NULL;
+    }
+    if (mask && mask != Py_None) {
+        PyErr_SetString(PyExc_ValueError, "__cuda_array_interface__: masked arrays are not "
+                                          "supported");
+        return NULL;
+    }
+    int64_t shape[GA_MAX_NDIM], strides[GA_MAX_NDIM];
+    int ndim, nstrides = 0;
+    if (int64_tuple_from(shape_obj, shape, &ndim, "shape") < 0)
+        return NULL;
+    if (strides_obj && strides_obj != Py_None) {
+        if (int64_tuple_from(strides_obj, strides, &nstrides, "strides") < 0)
+            return NULL;
+        if (nstrides != ndim) {
+            PyErr_Format(PyExc_ValueError,
+                         "__cuda_array_interface__: %d strides for %d dimensions", nstrides, ndim);
+            return NULL;
+        }
+    }
+    ga_dtype dtype;
+    const char *typestr = PyUnicode_Check(typestr_obj) ? PyUnicode_AsUTF8(typestr_obj) : NULL;
+    if (!typestr || dtype_from_typestr(typestr, &dtype) < 0) {
+        PyErr_Format(PyExc_TypeError,
+                     "__cuda_array_interface__: typestr %R is not supported (use |b1, |u1, |i1, "
+                     "<i2, <i4, <i8, <f2, <f4 or <f8)",
+                     typestr_obj);
+        return NULL;
+    }
+    PyObject *ptr_obj, *ro_obj;
+    if (!PyTuple_Check(data_obj) || !PyArg_ParseTuple(data_obj, "OO", &ptr_obj, &ro_obj) ||
+        !PyLong_Check(ptr_obj)) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError,
+                        "__cuda_array_interface__: data must be a (pointer, read_only) tuple");
+        return NULL;
+    }
+    void *ptr = PyLong_AsVoidPtr(ptr_obj);
+    if (!ptr && PyErr_Occurred())
+        return NULL;
+    int readonly = PyObject_IsTrue(ro_obj);
+    if (readonly < 0)
+        return NULL;
+    int64_t numel;
+    if (ga_check_shape(dtype, ndim, shape, &numel) < 0)
+        return NULL;
+    if (!ptr && numel > 0) {
+        PyErr_SetString(PyExc_ValueError, "__cuda_array_interface__: NULL data pointer");
+        return NULL;
+    }
+    int device = 0;
+    if (ptr) {
+        int kind;
+        int current = 0;
+        if (ga_cuda_get_device(&current).error)
+            current = 0;
+        if (ga_ensure_cuda_device(st, current) < 0)
+            return NULL;
+        ga_status status = ga_cuda_pointer_info(ptr, &kind, &device);
+        if (status.error)
+            return ga_raise(st, status), NULL;
+        if (kind != 2 && kind != 3) {
+            PyErr_SetString(PyExc_ValueError,
+                            "__cuda_array_interface__: data does not point to CUDA device memory");
+            return NULL;
+        }
+    } else if (ga_cuda_get_device(&device).error) {
+        device = 0;
+    }
+    if (ga_ensure_cuda_device(st, device) < 0)
+        return NULL;
+    if (stream_obj && stream_obj != Py_None) {
+        if (!PyLong_Check(stream_obj)) {
+            PyErr_SetString(PyExc_TypeError, "__cuda_array_interface__: stream must be an int");
+            return NULL;
+        }
+        long long s = PyLong_AsLongLong(stream_obj);
+        if (s == -1 && PyErr_Occurred())
+            return NULL;
+        if (s == 0) {
+            PyErr_SetString(PyExc_ValueError,
+                            "__cuda_array_interface__: stream 0 is disallowed by version 3");
+            return NULL;
+        }
+        ga_stream ours;
+        if (ga_current_stream(st, device, &ours) < 0)
+            return NULL;
+        GA_CHECK(st, ga_cuda_stream_wait_stream(device, ours, (ga_stream)(uintptr_t)s));
+    }
+    ga_device where = {GA_DEVICE_CUDA, device};
+    return ga_array_wrap(st, ptr, dtype, ndim, shape, nstrides ? strides : NULL, where,
+                         readonly ? GA_ARRAY_READONLY : 0, obj);
+error:
+    return NULL;
+}

@@ -1,0 +1,219 @@
+/*
+ * module.c — gpuaccel._C: multi-phase initialisation, module state, the
+ * exception hierarchy and the method table.
+ */
+#define GA_NUMPY_IMPORT
+#include "npy.h"
+
+#include "alloc.h"
+#include "array.h"
+#include "device.h"
+#include "module.h"
+
+PyDoc_STRVAR(cuda_error_doc,
+             "A CUDA runtime call failed.\n\n"
+             ".code is the library's status code, .name its name (e.g. "
+             "'cudaErrorIllegalAddress') and .call the call that failed.");
+PyDoc_STRVAR(oom_doc, "An allocation failed: the device (or host) is out of memory, or the "
+                      "limit set with gpuaccel.set_memory_limit() would be exceeded.");
+PyDoc_STRVAR(cublas_error_doc, "A cuBLAS / cuBLASLt call failed (.code is a cublasStatus_t).");
+PyDoc_STRVAR(cudnn_error_doc, "A cuDNN call failed (.code is a cudnnStatus_t).");
+
+static PyObject *new_exception(PyObject *module, const char *name, const char *doc, PyObject *bases)
+{
+    PyObject *dict = Py_BuildValue("{s:O,s:O,s:O}", "code", Py_None, "name", Py_None, "call",
+                                   Py_None);
+    if (!dict)
+        return NULL;
+    char qualified[64];
+    snprintf(qualified, sizeof qualified, "gpuaccel.%s", name);
+    PyObject *exc = PyErr_NewExceptionWithDoc(qualified, doc, bases, dict);
+    Py_DECREF(dict);
+    if (exc && PyModule_AddObjectRef(module, name, exc) < 0)
+        Py_CLEAR(exc);
+    return exc;
+}
+
+static int add_exceptions(PyObject *module, ga_state *st)
+{
+    PyObject *bases = NULL;
+    st->CudaError = new_exception(module, "CudaError", cuda_error_doc, PyExc_RuntimeError);
+    if (!st->CudaError)
+        return -1;
+    bases = PyTuple_Pack(2, st->CudaError, PyExc_MemoryError);
+    if (!bases)
+        return -1;
+    st->OutOfMemoryError = new_exception(module, "OutOfMemoryError", oom_doc, bases);
+    Py_DECREF(bases);
+    if (!st->OutOfMemoryError)
+        return -1;
+    st->CublasError = new_exception(module, "CublasError", cublas_error_doc, st->CudaError);
+    st->CudnnError = new_exception(module, "CudnnError", cudnn_error_doc, st->CudaError);
+    return st->CublasError && st->CudnnError ? 0 : -1;
+}
+
+static PyTypeObject *add_type(PyObject *module, PyType_Spec *spec)
+{
+    PyTypeObject *type = (PyTypeObject *)PyType_FromModuleAndSpec(module, spec, NULL);
+    if (type && PyModule_AddType(module, type) < 0)
+        Py_CLEAR(type);
+    return type;
+}
+
+static int add_dtype_names(PyObject *module)
+{
+    /* gpuaccel.float32 == "float32", etc.: dtypes are plain strings. */
+    for (int d = 0; d < GA_NUM_DTYPES; d++) {
+        const char *name = ga_dtype_name((ga_dtype)d);
+        const char *attr = strcmp(name, "bool") == 0 ? "bool_" : name;
+        if (PyModule_AddStringConstant(module, attr, name) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+static int module_exec(PyObject *module)
+{
+    ga_state *st = ga_state_from_module(module);
+    if (PyArray_ImportNumPyAPI() < 0)
+        return -1;
+    if (add_exceptions(module, st) < 0)
+        return -1;
+    if (!(st->DeviceType = add_type(module, &ga_device_spec)) ||
+        !(st->StreamType = add_type(module, &ga_stream_spec)) ||
+        !(st->EventType = add_type(module, &ga_event_spec)) ||
+        !(st->ArrayType = add_type(module, &ga_array_spec)))
+        return -1;
+    st->current_stream = PyContextVar_New("gpuaccel.current_stream", NULL);
+    if (!st->current_stream)
+        return -1;
+    if (ga_device_module_init(module, st) < 0)
+        return -1;
+    if (add_dtype_names(module) < 0)
+        return -1;
+    if (PyModule_AddIntConstant(module, "MAX_NDIM", GA_MAX_NDIM) < 0)
+        return -1;
+    return 0;
+}
+
+static int module_traverse(PyObject *module, visitproc visit, void *arg)
+{
+    ga_state *st = ga_state_from_module(module);
+    Py_VISIT(st->ArrayType);
+    Py_VISIT(st->DeviceType);
+    Py_VISIT(st->StreamType);
+    Py_VISIT(st->EventType);
+    Py_VISIT(st->CudaError);
+    Py_VISIT(st->OutOfMemoryError);
+    Py_VISIT(st->CublasError);
+    Py_VISIT(st->CudnnError);
+    Py_VISIT(st->current_stream);
+    Py_VISIT(st->default_device);
+    Py_VISIT(st->bfloat16_descr);
+    return 0;
+}
+
+static int module_clear(PyObject *module)
+{
+    ga_state *st = ga_state_from_module(module);
+    Py_CLEAR(st->ArrayType);
+    Py_CLEAR(st->DeviceType);
+    Py_CLEAR(st->StreamType);
+    Py_CLEAR(st->EventType);
+    Py_CLEAR(st->CudaError);
+    Py_CLEAR(st->OutOfMemoryError);
+    Py_CLEAR(st->CublasError);
+    Py_CLEAR(st->CudnnError);
+    Py_CLEAR(st->current_stream);
+    Py_CLEAR(st->default_device);
+    Py_CLEAR(st->bfloat16_descr);
+    return 0;
+}
+
+static void module_free(void *module)
+{
+    module_clear((PyObject *)module);
+}
+
+#define KW (PyCFunction)(void (*)(void))
+
+static PyMethodDef module_methods[] = {
+    {"cuda_available", ga_py_cuda_available, METH_NOARGS,
+     "cuda_available() -> bool\n\nTrue when this build has CUDA and a driver and GPU are "
+     "usable."},
+    {"built_with_cuda", ga_py_built_with_cuda, METH_NOARGS,
+     "built_with_cuda() -> bool\n\nTrue when the extension was compiled with its CUDA backend."},
+    {"device_count", ga_py_device_count, METH_NOARGS,
+     "device_count() -> int\n\nNumber of usable CUDA devices (0 without CUDA)."},
+    {"default_device", ga_py_default_device, METH_NOARGS,
+     "default_device() -> Device\n\nWhere empty()/zeros()/... allocate when no device is "
+     "given (CPU unless changed)."},
+    {"set_default_device", ga_py_set_default_device, METH_O,
+     "set_default_device(device)\n\nSets the device used when none is given."},
+    {"current_stream", KW ga_py_current_stream, METH_VARARGS | METH_KEYWORDS,
+     "current_stream(device=None) -> Stream\n\nThe stream gpuaccel queues work on for "
+     "`device`: the one made current with `with stream:`, else the legacy default stream."},
+    {"synchronize", KW ga_py_synchronize, METH_VARARGS | METH_KEYWORDS,
+     "synchronize(device=None)\n\nWaits until all work queued on the device is done."},
+    {"device_properties", KW ga_py_device_properties, METH_VARARGS | METH_KEYWORDS,
+     "device_properties(device=None) -> dict\n\nName, compute capability, memory, "
+     "multiprocessors and L2 size of a CUDA device."},
+    {"build_info", ga_py_build_info, METH_NOARGS,
+     "build_info() -> dict\n\nHow this extension was built and which CUDA libraries it "
+     "loaded."},
+    {"empty", KW ga_py_empty, METH_VARARGS | METH_KEYWORDS,
+     "empty(shape, dtype='float32', device=None, pinned=False) -> Array\n\nAn uninitialised "
+     "array."},
+    {"zeros", KW ga_py_zeros, METH_VARARGS | METH_KEYWORDS,
+     "zeros(shape, dtype='float32', device=None, pinned=False) -> Array"},
+    {"ones", KW ga_py_ones, METH_VARARGS | METH_KEYWORDS,
+     "ones(shape, dtype='float32', device=None, pinned=False) -> Array"},
+    {"full", KW ga_py_full, METH_VARARGS | METH_KEYWORDS,
+     "full(shape, fill_value, dtype=None, device=None, pinned=False) -> Array\n\ndtype "
+     "defaults to bool, int64 or float32 after fill_value."},
+    {"asarray", KW ga_py_asarray, METH_VARARGS | METH_KEYWORDS,
+     "asarray(obj, dtype=None, device=None, copy=None, stream=None) -> Array\n\nAn Array from "
+     "an Array, anything with __dlpack__ or __cuda_array_interface__, a buffer, or nested "
+     "sequences of numbers.  Shares memory when it can; copy=True always copies and "
+     "copy=False never does (raising ValueError when a copy would be needed)."},
+    {"from_dlpack", KW ga_py_from_dlpack, METH_VARARGS | METH_KEYWORDS,
+     "from_dlpack(x, /, *, device=None, copy=None) -> Array\n\nAn Array sharing memory with a "
+     "DLPack producer (an object with __dlpack__, or a DLPack capsule)."},
+    {"memory_stats", KW ga_py_memory_stats, METH_VARARGS | METH_KEYWORDS,
+     "memory_stats(device=None) -> dict\n\nBytes allocated, peak, reserved, limit and counts "
+     "for a device ('cpu' includes the pinned pool).  device=None: the current CUDA device "
+     "when CUDA is usable, else the CPU."},
+    {"empty_cache", ga_py_empty_cache, METH_NOARGS,
+     "empty_cache()\n\nReturns cached device and pinned memory that no array uses."},
+    {"set_memory_limit", KW ga_py_set_memory_limit, METH_VARARGS | METH_KEYWORDS,
+     "set_memory_limit(limit, device=None)\n\nCaps what gpuaccel may allocate on a device: "
+     "bytes (int), a fraction of the device's memory (float in (0, 1]), or None for no "
+     "limit."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyModuleDef_Slot module_slots[] = {
+    {Py_mod_exec, module_exec},
+#if PY_VERSION_HEX >= 0x030C0000
+    /* process-wide pools and streams: one interpreter at a time */
+    {Py_mod_multiple_interpreters, Py_MOD_MULTIPLE_INTERPRETERS_NOT_SUPPORTED},
+#endif
+    {0, NULL},
+};
+
+PyModuleDef ga_module_def = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "gpuaccel._C",
+    .m_doc = "gpuaccel's C extension: arrays, DLPack, streams, memory pools and kernels.",
+    .m_size = sizeof(ga_state),
+    .m_methods = module_methods,
+    .m_slots = module_slots,
+    .m_traverse = module_traverse,
+    .m_clear = module_clear,
+    .m_free = module_free,
+};
+
+PyMODINIT_FUNC PyInit__C(void)
+{
+    return PyModuleDef_Init(&ga_module_def);
+}

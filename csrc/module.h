@@ -1,0 +1,86 @@
+/*
+ * module.h — module state and the helpers every csrc/ file uses.
+ */
+#ifndef GPUACCEL_MODULE_H
+#define GPUACCEL_MODULE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "../kernels/kernels.h"
+
+/* Everything the module owns; reached from a type with
+ * ga_state_from_type() or from the module with ga_state_from_module(). */
+typedef struct {
+    PyTypeObject *ArrayType;
+    PyTypeObject *DeviceType;
+    PyTypeObject *StreamType;
+    PyTypeObject *EventType;
+    PyObject *CudaError;
+    PyObject *OutOfMemoryError;
+    PyObject *CublasError;
+    PyObject *CudnnError;
+    PyObject *current_stream; /* contextvars.ContextVar: the Stream made current by `with` */
+    PyObject *default_device; /* a Device */
+    PyObject *bfloat16_descr; /* ml_dtypes' bfloat16 NumPy dtype, or Py_None if unavailable; NULL before first use */
+} ga_state;
+
+extern PyModuleDef ga_module_def;
+
+static inline ga_state *ga_state_from_module(PyObject *module)
+{
+    return (ga_state *)PyModule_GetState(module);
+}
+
+/* For methods of gpuaccel's heap types (and their subclasses). */
+static inline ga_state *ga_state_from_type(PyTypeObject *type)
+{
+    PyObject *module = PyType_GetModuleByDef(type, &ga_module_def);
+    return module ? ga_state_from_module(module) : NULL;
+}
+
+/* errors.c — the one translator from a backend status to a Python
+ * exception.  Always returns -1, so `return ga_raise(st, status);` works in
+ * int-returning functions. */
+int ga_raise(ga_state *st, ga_status status);
+
+/* Runs `expr` (a ga_status); on failure raises and jumps to `error`. */
+#define GA_CHECK(st, expr)                                                       \
+    do {                                                                        \
+        ga_status ga_status_ = (expr);                                          \
+        if (ga_status_.error) {                                                 \
+            ga_raise((st), ga_status_);                                         \
+            goto error;                                                         \
+        }                                                                       \
+    } while (0)
+
+/* The same, releasing the GIL around the call (which must touch no Python
+ * object). */
+#define GA_CHECK_NOGIL(st, expr)                                                 \
+    do {                                                                        \
+        ga_status ga_status_;                                                   \
+        Py_BEGIN_ALLOW_THREADS ga_status_ = (expr);                             \
+        Py_END_ALLOW_THREADS if (ga_status_.error)                              \
+        {                                                                       \
+            ga_raise((st), ga_status_);                                         \
+            goto error;                                                         \
+        }                                                                       \
+    } while (0)
+
+/* Work smaller than this runs with the GIL held: releasing it costs more. */
+#define GA_NOGIL_THRESHOLD_BYTES (256 * 1024)
+
+/* True while the interpreter shuts down: deleters then leave memory alone. */
+#if PY_VERSION_HEX >= 0x030D0000
+#define ga_is_finalizing() Py_IsFinalizing()
+#else
+#define ga_is_finalizing() _Py_IsFinalizing()
+#endif
+
+/* The type's name, for error messages. */
+const char *ga_type_name(PyObject *obj);
+
+/* Formats a byte count as "1.50 GiB" into buf. */
+const char *ga_format_bytes(uint64_t bytes, char *buf, size_t size);
+
+#endif

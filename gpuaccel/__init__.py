@@ -1,0 +1,81 @@
+"""gpuaccel — keep the GPU busy in PyTorch training.
+
+Arrays that trade memory with torch/NumPy/CuPy/JAX through DLPack, fused
+mixed-precision kernels, a pinned data loader and an async loss logger.
+See README.md for the tour.
+"""
+
+import os as _os
+
+from ._libs import preload_cuda_libraries as _preload_cuda_libraries
+
+_preload_cuda_libraries()
+
+try:
+    from . import _C
+except ImportError as _exc:  # pragma: no cover - depends on the install
+    _here = _os.path.dirname(_os.path.abspath(__file__))
+    if not any(name.startswith("_C.") for name in _os.listdir(_here)):
+        raise ImportError(
+            "gpuaccel's compiled extension is missing from %s: this is the source folder, not "
+            "an installed package.  Install it with `pip install .` and run Python from "
+            "another folder (or use `pip install -e .`)." % _here
+        ) from _exc
+    raise ImportError(
+        "gpuaccel's extension could not be loaded: %s.  If a CUDA library is missing, install "
+        "the NVIDIA wheels (pip install torch brings them) or rebuild CPU-only with "
+        "GPUACCEL_NO_CUDA=1 pip install ." % _exc
+    ) from _exc
+
+from ._C import (  # noqa: E402
+    MAX_NDIM,
+    Array,
+    CublasError,
+    CudaError,
+    CudnnError,
+    Device,
+    Event,
+    OutOfMemoryError,
+    Stream,
+    asarray,
+    bfloat16,
+    bool_,
+    build_info,
+    built_with_cuda,
+    cuda_available,
+    current_stream,
+    default_device,
+    device_count,
+    device_properties,
+    empty,
+    empty_cache,
+    float16,
+    float32,
+    float64,
+    from_dlpack,
+    full,
+    int8,
+    int16,
+    int32,
+    int64,
+    memory_stats,
+    ones,
+    set_default_device,
+    set_memory_limit,
+    synchronize,
+    uint8,
+    zeros,
+)
+
+__version__ = "0.1.0"
+
+DTYPES = (bool_, uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64)
+
+__all__ = [
+    "Array", "CublasError", "CudaError", "CudnnError", "DTYPES", "Device", "Event", "MAX_NDIM",
+    "OutOfMemoryError", "Stream", "asarray", "bfloat16", "bool_", "build_info", "built_with_cuda",
+    "cuda_available", "current_stream", "default_device", "device_count", "device_properties",
+    "empty", "empty_cache", "float16", "float32", "float64", "from_dlpack", "full", "int8",
+    "int16", "int32", "int64", "memory_stats", "ones", "set_default_device", "set_memory_limit",
+    "synchronize", "uint8", "zeros",
+]

@@ -1,0 +1,79 @@
+/*
+ * common.cuh — the one way the CUDA backend checks a CUDA call.
+ *
+ * GA_CUDA_TRY(call) returns a ga_status naming the call, file and line from
+ * the enclosing function when the call fails; csrc/errors.c turns that into
+ * the Python exception.  Nothing here prints or exits.
+ */
+#ifndef GPUACCEL_CUDA_COMMON_CUH
+#define GPUACCEL_CUDA_COMMON_CUH
+
+#include <cuda_runtime.h>
+
+#include "../kernels.h"
+
+static inline ga_status ga_cuda_error(cudaError_t err, const char *call, const char *file,
+                                      int line)
+{
+    if (err == cudaSuccess)
+        return ga_ok();
+    (void)cudaGetLastError(); /* clear a non-sticky error so it is reported once */
+    ga_error kind = GA_ERR_CUDA;
+    if (err == cudaErrorMemoryAllocation)
+        kind = GA_ERR_OUT_OF_MEMORY;
+    else if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver ||
+             err == cudaErrorCompatNotSupportedOnDevice || err == cudaErrorSystemDriverMismatch)
+        kind = GA_ERR_NO_DEVICE;
+    return ga_status_make(kind, (int)err, cudaGetErrorName(err), cudaGetErrorString(err), call,
+                          file, line);
+}
+
+#define GA_CUDA_TRY(call)                                                        \
+    do {                                                                        \
+        cudaError_t ga_err_ = (call);                                           \
+        if (ga_err_ != cudaSuccess)                                             \
+            return ga_cuda_error(ga_err_, #call, __FILE__, __LINE__);           \
+    } while (0)
+
+/* After a kernel launch: launch-configuration errors surface here. */
+#define GA_CUDA_LAUNCH_CHECK(kernel_name)                                        \
+    do {                                                                        \
+        cudaError_t ga_err_ = cudaGetLastError();                               \
+        if (ga_err_ != cudaSuccess)                                             \
+            return ga_cuda_error(ga_err_, "launch of " kernel_name, __FILE__, __LINE__); \
+    } while (0)
+
+/* Makes `device` current for a scope and restores the caller's device. */
+class GaDeviceGuard {
+  public:
+    explicit GaDeviceGuard(int device) : prev_(-1), error_(cudaSuccess)
+    {
+        error_ = cudaGetDevice(&prev_);
+        if (error_ == cudaSuccess && prev_ != device)
+            error_ = cudaSetDevice(device);
+        else
+            prev_ = -1; /* nothing to restore */
+    }
+    ~GaDeviceGuard()
+    {
+        if (prev_ >= 0 && error_ == cudaSuccess)
+            cudaSetDevice(prev_);
+    }
+    cudaError_t error() const { return error_; }
+    GaDeviceGuard(const GaDeviceGuard &) = delete;
+    GaDeviceGuard &operator=(const GaDeviceGuard &) = delete;
+
+  private:
+    int prev_;
+    cudaError_t error_;
+};
+
+#define GA_WITH_DEVICE(device)                                                   \
+    GaDeviceGuard ga_device_guard_(device);                                     \
+    if (ga_device_guard_.error() != cudaSuccess)                                \
+    return ga_cuda_error(ga_device_guard_.error(), "cudaSetDevice(" #device ")", __FILE__, \
+                         __LINE__)
+
+static inline cudaStream_t ga_cu_stream(ga_stream s) { return (cudaStream_t)s; }
+
+#endif

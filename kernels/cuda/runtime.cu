@@ -1,0 +1,385 @@
+/*
+ * runtime.cu — thin, checked wrappers over the CUDA runtime: devices,
+ * streams, events, gpuaccel's stream-ordered device pool, pinned memory and
+ * copies.  The pooling policy (size classes, limits, statistics) lives in
+ * csrc/alloc.c; this file only talks to CUDA.
+ */
+#include <dlfcn.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cublasLt.h>
+#include <cudnn.h>
+
+#include <mutex>
+
+#include "common.cuh"
+
+#ifndef GPUACCEL_CUDA_ARCHS
+#define GPUACCEL_CUDA_ARCHS "unknown"
+#endif
+
+#define GA_MAX_DEVICES 64
+
+/* ------------------------------------------------------------- devices */
+
+extern "C" ga_status ga_cuda_device_count(int *count)
+{
+    /* The runtime caches the driver's answer; asking again is cheap and
+     * stays right in a forked child. */
+    int n = 0;
+    cudaError_t err = cudaGetDeviceCount(&n);
+    if (err != cudaSuccess) {
+        *count = 0;
+        return ga_cuda_error(err, "cudaGetDeviceCount(&n)", __FILE__, __LINE__);
+    }
+    if (n > GA_MAX_DEVICES)
+        n = GA_MAX_DEVICES;
+    *count = n;
+    return ga_ok();
+}
+
+extern "C" ga_status ga_cuda_device_props(int device, ga_device_props *props)
+{
+    cudaDeviceProp p;
+    GA_CUDA_TRY(cudaGetDeviceProperties(&p, device));
+    memset(props, 0, sizeof *props);
+    strncpy(props->name, p.name, sizeof props->name - 1);
+    props->major = p.major;
+    props->minor = p.minor;
+    props->total_memory = p.totalGlobalMem;
+    props->multiprocessors = p.multiProcessorCount;
+    props->l2_cache_bytes = p.l2CacheSize;
+    props->pci_bus = p.pciBusID;
+    props->pci_device = p.pciDeviceID;
+    props->pci_domain = p.pciDomainID;
+    props->integrated = p.integrated;
+    props->managed_memory = p.managedMemory;
+    return ga_ok();
+}
+
+extern "C" ga_status ga_cuda_get_device(int *device)
+{
+    GA_CUDA_TRY(cudaGetDevice(device));
+    return ga_ok();
+}
+
+extern "C" ga_status ga_cuda_versions(ga_cuda_versions_info *info)
+{
+    memset(info, 0, sizeof *info);
+    info->runtime_built = CUDART_VERSION;
+    info->cublaslt_built = CUBLAS_VERSION;
+    info->cudnn_built = CUDNN_VERSION;
+    info->archs = GPUACCEL_CUDA_ARCHS;
+    /* Neither needs a driver: they answer 0 / the library's own version. */
+    cudaDriverGetVersion(&info->driver);
+    cudaRuntimeGetVersion(&info->runtime_loaded);
+    info->cublaslt_loaded = (int)cublasLtGetVersion();
+    info->cudnn_loaded = (int)cudnnGetVersion();
+    return ga_ok();
+}
+
+static const char *library_of(const void *symbol)
+{
+    Dl_info dl;
+    if (dladdr(symbol, &dl) && dl.dli_fname)
+        return dl.dli_fname;
+    return "";
+}
+
+extern "C" void ga_cuda_library_paths(const char **cublaslt, const char **cudnn)
+{
+    *cublaslt = library_of((const void *)&cublasLtGetVersion);
+    *cudnn = library_of((const void *)&cudnnGetVersion);
+}
+
+extern "C" ga_status ga_cuda_mem_info(int device, uint64_t *free_bytes, uint64_t *total_bytes)
+{
+    GA_WITH_DEVICE(device);
+    size_t f = 0, t = 0;
+    GA_CUDA_TRY(cudaMemGetInfo(&f, &t));
+    *free_bytes = f;
+    *total_bytes = t;
+    return ga_ok();
+}
+
+extern "C" ga_status ga_cuda_device_synchronize(int device)
+{
+    GA_WITH_DEVICE(device);
+    GA_CUDA_TRY(cudaDeviceSynchronize());
+    return ga_ok();
+}
+
+/* ------------------------------------------------------------- streams */
+
+extern "C" ga_status ga_cuda_stream_create(int device, int priority, ga_stream *out)
+{
+    GA_WITH_DEVICE(device);
+    cudaStream_t s;
+    GA_CUDA_TRY(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, priority));
+    *out = (ga_stream)s;
+    return ga_ok();
+}
+
+extern "C" ga_status ga_cuda_stream_destroy(int device, ga_stream stream)
+{
+    GA_WITH_DEVICE(device);
+    GA_CUDA_TRY(cudaStreamDestroy(ga_cu_stream(stream)));
+    return ga_ok();
+}
+
+extern "C" ga_status ga_cuda_stream_synchronize(int device, ga_stream stream)
+{
+    GA_WITH_DEVICE(device);
+    GA_CUDA_TRY(cudaStreamSynchronize(ga_cu_stream(stream)));
+    return ga_ok();
+}
+
+extern "C" ga_status ga_cuda_stream_query(int device, ga_stream stream, int *done)
+{
+    GA_WITH_DEVICE(device);
+    cudaError_t err = cudaStreamQuery(ga_cu_stream(stream));
+    if (err == cudaErrorNotReady) {
+        (void)cudaGetLastError();
+        *done = 0;
+        return ga_ok();
+    }
+    GA_CUDA_TRY(err);
+    *done = 1;
+    return ga_ok();
+}
+
+static int is_special_stream(ga_stream s)
+{
+    return (uintptr_t)s <= (uintptr_t)GA_STREAM_PER_THREAD;
+}
+
+extern "C" ga_status ga_cuda_stream_device(ga_stream stream, int *device)
+{
+    if (is_special_stream(stream)) {
+        GA_CUDA_TRY(cudaGetDevice(device));
+        return ga_ok();
+    }
+    GA_CUDA_TRY(cudaStreamGetDevice(ga_cu_stream(stream), device));
+    return ga_ok();
+}
+
+extern "C" ga_status ga_cuda_stream_wait_event(int device, ga_stream stream, ga_event event)
+{
+    GA_WITH_DEVICE(device);
+    GA_CUDA_TRY(cudaStreamWaitEvent(ga_cu_stream(stream), (cudaEvent_t)event, 0));
+    return ga_ok();
+}
+
+/* A wait captures the event's state when it is enqueued, so one scratch
+ * event per thread and device can be recorded again right away. */
+static thread_local cudaEvent_t scratch_events[GA_MAX_DEVICES];
+
+static int same_stream(ga_stream a, ga_stream b)
+{
+    /* handle 0 and 1 both name the legacy default stream */
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    if (x == 0)
+        x = 1;
+    if (y == 0)
+        y = 1;
+    return x == y;
+}
+
+extern "C" ga_status ga_cuda_stream_wait_stream(int device, ga_stream consumer, ga_stream producer)
+{
+    if (same_stream(consumer, producer))
+        return ga_ok();
+    if (device < 0 || device >= GA_MAX_DEVICES)
+        return GA_STATUS(GA_ERR_INVALID_VALUE, "device ordinal out of range");
+    GA_WITH_DEVICE(device);
+    cudaEvent_t *ev = &scratch_events[device];
+    if (!*ev)
+        GA_CUDA_TRY(cudaEventCreateWithFlags(ev, cudaEventDisableTiming));
+    GA_CUDA_TRY(cudaEventRecord(*ev, ga_cu_stream(producer)));
+    GA_CUDA_TRY(cudaStreamWaitEvent(ga_cu_stream(consumer), *ev, 0));
+    return ga_ok();
+}
+
+/* -------------------------------------------------------------- events */
+
+extern "C" ga_status ga_cuda_event_create(int device, int timing, ga_event *out)
+{
+    GA_WITH_DEVICE(device);
+    cudaEvent_t e;
+    GA_CUDA_TRY(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming));
+    *out = (ga_event)e;
+    return ga_ok();
+}
+
+extern "C" ga_status ga_cuda_event_destroy(int device, ga_event event)
+{
+    GA_WITH_DEVICE(device);
+    GA_CUDA_TRY(cudaEventDestroy((cudaEvent_t)event));
+    return ga_ok();
+}
+
+extern "C" ga_status ga_cuda_event_record(int device, ga_event event, ga_stream stream)
+{
+    GA_WITH_DEVICE(device);
+    GA_CUDA_TRY(cudaEventRecord((cudaEvent_t)event, ga_cu_stream(stream)));
+    return ga_ok();
+}
+
+extern "C" ga_status ga_cuda_event_query(int device, ga_event event, int *done)
+{
+    GA_WITH_DEVICE(device);
+    cudaError_t err = cudaEventQuery((cudaEvent_t)event);
+    if (err == cudaErrorNotReady) {
+        (void)cudaGetLastError();
+        *done = 0;
+        return ga_ok();
+    }
+    GA_CUDA_TRY(err);
+    *done = 1;
+    return ga_ok();
+}
+
+extern "C" ga_status ga_cuda_event_synchronize(int device, ga_event event)
+{
+    GA_WITH_DEVICE(device);
+    GA_CUDA_TRY(cudaEventSynchronize((cudaEvent_t)event));
+    return ga_ok();
+}
+
+extern "C" ga_status ga_cuda_event_elapsed_ms(int device, ga_event start, ga_event end, float *ms)
+{
+    GA_WITH_DEVICE(device);
+    GA_CUDA_TRY(cudaEventElapsedTime(ms, (cudaEvent_t)start, (cudaEvent_t)end));
+    return ga_ok();
+}
+
+/* --------------------------------------------------------- device pool */
+
+/* gpuaccel's own pool per device (not the default pool), so that its
+ * reserved size is ours alone to report and trim. */
+static cudaMemPool_t pools[GA_MAX_DEVICES];
+static std::mutex pools_mutex;
+
+static ga_status get_pool(int device, cudaMemPool_t *out)
+{
+    if (device < 0 || device >= GA_MAX_DEVICES)
+        return GA_STATUS(GA_ERR_INVALID_VALUE, "device ordinal out of range");
+    std::lock_guard<std::mutex> lock(pools_mutex);
+    if (!pools[device]) {
+        cudaMemPoolProps props;
+        memset(&props, 0, sizeof props);
+        props.allocType = cudaMemAllocationTypePinned;
+        props.handleTypes = cudaMemHandleTypeNone;
+        props.location.type = cudaMemLocationTypeDevice;
+        props.location.id = device;
+        cudaMemPool_t pool;
+        GA_CUDA_TRY(cudaMemPoolCreate(&pool, &props));
+        /* Keep freed memory cached (like a caching allocator) until
+         * empty_cache() or a lower threshold says otherwise. */
+        uint64_t keep = UINT64_MAX;
+        GA_CUDA_TRY(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+        pools[device] = pool;
+    }
+    *out = pools[device];
+    return ga_ok();
+}
+
+extern "C" ga_status ga_cuda_malloc_async(int device, size_t size, ga_stream stream, void **out)
+{
+    *out = NULL;
+    if (size == 0)
+        return ga_ok();
+    GA_WITH_DEVICE(device);
+    cudaMemPool_t pool;
+    GA_TRY_STATUS(get_pool(device, &pool));
+    GA_CUDA_TRY(cudaMallocFromPoolAsync(out, size, pool, ga_cu_stream(stream)));
+    return ga_ok();
+}
+
+extern "C" ga_status ga_cuda_free_async(int device, void *ptr, ga_stream stream)
+{
+    if (!ptr)
+        return ga_ok();
+    GA_WITH_DEVICE(device);
+    GA_CUDA_TRY(cudaFreeAsync(ptr, ga_cu_stream(stream)));
+    return ga_ok();
+}
+
+extern "C" ga_status ga_cuda_pool_set_release_threshold(int device, uint64_t bytes)
+{
+    GA_WITH_DEVICE(device);
+    cudaMemPool_t pool;
+    GA_TRY_STATUS(get_pool(device, &pool));
+    GA_CUDA_TRY(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &bytes));
+    return ga_ok();
+}
+
+extern "C" ga_status ga_cuda_pool_trim(int device)
+{
+    GA_WITH_DEVICE(device);
+    cudaMemPool_t pool;
+    GA_TRY_STATUS(get_pool(device, &pool));
+    GA_CUDA_TRY(cudaMemPoolTrimTo(pool, 0));
+    return ga_ok();
+}
+
+extern "C" ga_status ga_cuda_pool_reserved(int device, uint64_t *current, uint64_t *peak)
+{
+    *current = *peak = 0;
+    {
+        std::lock_guard<std::mutex> lock(pools_mutex);
+        if (device < 0 || device >= GA_MAX_DEVICES || !pools[device])
+            return ga_ok(); /* nothing allocated yet */
+    }
+    GA_WITH_DEVICE(device);
+    cudaMemPool_t pool = pools[device];
+    GA_CUDA_TRY(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, current));
+    GA_CUDA_TRY(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemHigh, peak));
+    return ga_ok();
+}
+
+/* -------------------------------------------------------- pinned memory */
+
+extern "C" ga_status ga_cuda_host_alloc(size_t size, void **out)
+{
+    *out = NULL;
+    if (size == 0)
+        return ga_ok();
+    /* portable: usable by every device's copies, not only the current one */
+    GA_CUDA_TRY(cudaHostAlloc(out, size, cudaHostAllocPortable));
+    return ga_ok();
+}
+
+extern "C" ga_status ga_cuda_host_free(void *ptr)
+{
+    if (ptr)
+        GA_CUDA_TRY(cudaFreeHost(ptr));
+    return ga_ok();
+}
+
+/* --------------------------------------------------------------- copies */
+
+extern "C" ga_status ga_cuda_memcpy_async(int device, void *dst, const void *src, size_t size,
+                                          ga_stream stream)
+{
+    if (size == 0)
+        return ga_ok();
+    GA_WITH_DEVICE(device);
+    GA_CUDA_TRY(cudaMemcpyAsync(dst, src, size, cudaMemcpyDefault, ga_cu_stream(stream)));
+    return ga_ok();
+}
+
+extern "C" ga_status ga_cuda_pointer_info(const void *ptr, int *kind, int *device)
+{
+    cudaPointerAttributes attr;
+    GA_CUDA_TRY(cudaPointerGetAttributes(&attr, ptr));
+    switch (attr.type) {
+    case cudaMemoryTypeHost: *kind = 1; break;
+    case cudaMemoryTypeDevice: *kind = 2; break;
+    case cudaMemoryTypeManaged: *kind = 3; break;
+    default: *kind = 0; break;
+    }
+    *device = attr.type == cudaMemoryTypeUnregistered ? -1 : attr.device;
+    return ga_ok();
+}

@@ -1,0 +1,184 @@
+/*
+ * nocuda.c — the CUDA entry points of a CPU-only build.
+ *
+ * Linked in place of the kernels/cuda sources when the build found no nvcc (or was
+ * asked for none with GPUACCEL_NO_CUDA=1): every call reports
+ * GA_ERR_NO_CUDA_BUILD, which csrc/errors.c turns into a RuntimeError that
+ * says how to get a CUDA build.
+ */
+#include <string.h>
+
+#include "kernels.h"
+
+#define GA_NO_CUDA GA_STATUS(GA_ERR_NO_CUDA_BUILD, "gpuaccel was built without CUDA")
+
+ga_status ga_cuda_device_count(int *count)
+{
+    *count = 0;
+    return GA_NO_CUDA;
+}
+
+ga_status ga_cuda_device_props(int device, ga_device_props *props)
+{
+    (void)device;
+    memset(props, 0, sizeof *props);
+    return GA_NO_CUDA;
+}
+
+ga_status ga_cuda_get_device(int *device)
+{
+    *device = -1;
+    return GA_NO_CUDA;
+}
+
+ga_status ga_cuda_versions(ga_cuda_versions_info *info)
+{
+    memset(info, 0, sizeof *info);
+    info->archs = "";
+    return GA_NO_CUDA;
+}
+
+void ga_cuda_library_paths(const char **cublaslt, const char **cudnn)
+{
+    *cublaslt = "";
+    *cudnn = "";
+}
+
+ga_status ga_cuda_mem_info(int device, uint64_t *free_bytes, uint64_t *total_bytes)
+{
+    (void)device;
+    *free_bytes = *total_bytes = 0;
+    return GA_NO_CUDA;
+}
+
+ga_status ga_cuda_device_synchronize(int device) { (void)device; return GA_NO_CUDA; }
+
+ga_status ga_cuda_stream_create(int device, int priority, ga_stream *out)
+{
+    (void)device, (void)priority;
+    *out = NULL;
+    return GA_NO_CUDA;
+}
+
+ga_status ga_cuda_stream_destroy(int device, ga_stream s) { (void)device, (void)s; return GA_NO_CUDA; }
+ga_status ga_cuda_stream_synchronize(int device, ga_stream s) { (void)device, (void)s; return GA_NO_CUDA; }
+
+ga_status ga_cuda_stream_query(int device, ga_stream s, int *done)
+{
+    (void)device, (void)s;
+    *done = 1;
+    return GA_NO_CUDA;
+}
+
+ga_status ga_cuda_stream_device(ga_stream s, int *device)
+{
+    (void)s;
+    *device = -1;
+    return GA_NO_CUDA;
+}
+
+ga_status ga_cuda_stream_wait_event(int device, ga_stream s, ga_event e)
+{
+    (void)device, (void)s, (void)e;
+    return GA_NO_CUDA;
+}
+
+ga_status ga_cuda_stream_wait_stream(int device, ga_stream consumer, ga_stream producer)
+{
+    (void)device, (void)consumer, (void)producer;
+    return GA_NO_CUDA;
+}
+
+ga_status ga_cuda_event_create(int device, int timing, ga_event *out)
+{
+    (void)device, (void)timing;
+    *out = NULL;
+    return GA_NO_CUDA;
+}
+
+ga_status ga_cuda_event_destroy(int device, ga_event e) { (void)device, (void)e; return GA_NO_CUDA; }
+
+ga_status ga_cuda_event_record(int device, ga_event e, ga_stream s)
+{
+    (void)device, (void)e, (void)s;
+    return GA_NO_CUDA;
+}
+
+ga_status ga_cuda_event_query(int device, ga_event e, int *done)
+{
+    (void)device, (void)e;
+    *done = 1;
+    return GA_NO_CUDA;
+}
+
+ga_status ga_cuda_event_synchronize(int device, ga_event e) { (void)device, (void)e; return GA_NO_CUDA; }
+
+ga_status ga_cuda_event_elapsed_ms(int device, ga_event start, ga_event end, float *ms)
+{
+    (void)device, (void)start, (void)end;
+    *ms = 0;
+    return GA_NO_CUDA;
+}
+
+ga_status ga_cuda_malloc_async(int device, size_t size, ga_stream s, void **out)
+{
+    (void)device, (void)size, (void)s;
+    *out = NULL;
+    return GA_NO_CUDA;
+}
+
+ga_status ga_cuda_free_async(int device, void *ptr, ga_stream s)
+{
+    (void)device, (void)ptr, (void)s;
+    return GA_NO_CUDA;
+}
+
+ga_status ga_cuda_pool_set_release_threshold(int device, uint64_t bytes)
+{
+    (void)device, (void)bytes;
+    return GA_NO_CUDA;
+}
+
+ga_status ga_cuda_pool_trim(int device) { (void)device; return GA_NO_CUDA; }
+
+ga_status ga_cuda_pool_reserved(int device, uint64_t *current, uint64_t *peak)
+{
+    (void)device;
+    *current = *peak = 0;
+    return GA_NO_CUDA;
+}
+
+ga_status ga_cuda_host_alloc(size_t size, void **out)
+{
+    (void)size;
+    *out = NULL;
+    return GA_NO_CUDA;
+}
+
+ga_status ga_cuda_host_free(void *ptr) { (void)ptr; return GA_NO_CUDA; }
+
+ga_status ga_cuda_memcpy_async(int device, void *dst, const void *src, size_t size, ga_stream s)
+{
+    (void)device, (void)dst, (void)src, (void)size, (void)s;
+    return GA_NO_CUDA;
+}
+
+ga_status ga_cuda_pointer_info(const void *ptr, int *kind, int *device)
+{
+    (void)ptr;
+    *kind = 0;
+    *device = -1;
+    return GA_NO_CUDA;
+}
+
+ga_status ga_cuda_copy(int device, const ga_tensor *dst, const ga_tensor *src, ga_stream s)
+{
+    (void)device, (void)dst, (void)src, (void)s;
+    return GA_NO_CUDA;
+}
+
+ga_status ga_cuda_fill(int device, const ga_tensor *dst, ga_scalar value, ga_stream s)
+{
+    (void)device, (void)dst, (void)value, (void)s;
+    return GA_NO_CUDA;
+}

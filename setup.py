@@ -1,0 +1,283 @@
+"""Build of gpuaccel's C extension (gpuaccel._C).
+
+The C sources (csrc/, kernels/, kernels/cpu/) are compiled with the
+platform's C compiler; kernels/cuda/*.cu with nvcc, found through CUDA_HOME
+(or CUDA_PATH), then PATH, then /usr/local/cuda.  Without nvcc, without
+cuBLASLt or cuDNN, or with GPUACCEL_NO_CUDA=1, the extension is built
+CPU-only and the build says so in one line.
+
+Environment:
+  GPUACCEL_CUDA_ARCH   architectures, e.g. "80;86;89;90" (default) or "90a";
+                       PTX is embedded for the newest
+  GPUACCEL_NO_CUDA=1   build without CUDA
+  GPUACCEL_SANITIZE=1  build the C code with AddressSanitizer + UBSan
+  GPUACCEL_JOBS        parallel compile jobs (default: the CPU count)
+  CUDNN_HOME           where cuDNN is, when not beside the CUDA toolkit
+"""
+
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_ARCHS = "80;86;89;90"
+
+
+def _rel(*parts):
+    return os.path.join(*parts)
+
+
+C_SOURCES = sorted(
+    glob.glob(_rel("csrc", "*.c")) + [_rel("kernels", "layout.c")] + glob.glob(_rel("kernels", "cpu", "*.c"))
+)
+CU_SOURCES = sorted(glob.glob(_rel("kernels", "cuda", "*.cu")))
+HEADERS = sorted(
+    glob.glob(_rel("csrc", "*.h")) + glob.glob(_rel("kernels", "*.h")) + glob.glob(_rel("kernels", "*", "*.h"))
+    + glob.glob(_rel("kernels", "cuda", "*.cuh"))
+)
+
+
+def _say(msg):
+    print("gpuaccel: " + msg, flush=True)
+
+
+def _site_dirs():
+    """Where pip-installed NVIDIA wheels may live (the target environment too)."""
+    dirs = []
+    for key in ("purelib", "platlib"):
+        path = sysconfig.get_paths().get(key)
+        if path:
+            dirs.append(path)
+    dirs.extend(p for p in sys.path if p and os.path.isdir(p))
+    seen, out = set(), []
+    for d in dirs:
+        if d not in seen:
+            seen.add(d)
+            out.append(d)
+    return out
+
+
+def _find_nvcc():
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        home = os.environ.get(var)
+        if home and os.path.isfile(os.path.join(home, "bin", "nvcc")):
+            return os.path.join(home, "bin", "nvcc")
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    if os.path.isfile("/usr/local/cuda/bin/nvcc"):
+        return "/usr/local/cuda/bin/nvcc"
+    return None
+
+
+def _find_file(dirs, patterns):
+    for d in dirs:
+        for pattern in patterns:
+            hits = sorted(glob.glob(os.path.join(d, pattern)))
+            if hits:
+                return hits[0]
+    return None
+
+
+def _link_flag(path):
+    """-lNAME when the unversioned libNAME.so exists, else -l:libNAME.so.N."""
+    base = os.path.basename(path)
+    name = base[3:].split(".so")[0]
+    if os.path.exists(os.path.join(os.path.dirname(path), "lib%s.so" % name)):
+        return "-l" + name
+    return "-l:" + base
+
+
+def _soname(path):
+    base = os.path.basename(os.path.realpath(path)) if path.endswith(".so") else os.path.basename(path)
+    try:
+        out = subprocess.run(["objdump", "-p", path], capture_output=True, text=True, check=False).stdout
+        for line in out.splitlines():
+            if "SONAME" in line:
+                return line.split()[-1]
+    except OSError:
+        pass
+    return base
+
+
+class CudaConfig:
+    """What a CUDA build needs, or why there will be none."""
+
+    def __init__(self):
+        self.reason = None
+        if os.environ.get("GPUACCEL_NO_CUDA") == "1":
+            self.reason = "GPUACCEL_NO_CUDA=1"
+            return
+        self.nvcc = _find_nvcc()
+        if not self.nvcc:
+            self.reason = "no nvcc found (set CUDA_HOME or put nvcc on PATH)"
+            return
+        root = os.path.dirname(os.path.dirname(os.path.realpath(self.nvcc)))
+        self.root = root
+        toolkit_inc = [os.path.join(root, "include"), os.path.join(root, "targets", "x86_64-linux", "include")]
+        toolkit_lib = [
+            os.path.join(root, "lib64"),
+            os.path.join(root, "lib"),
+            os.path.join(root, "targets", "x86_64-linux", "lib"),
+        ]
+        wheels = _site_dirs()
+        wheel_cuda_inc = [os.path.join(s, "nvidia", sub, "include") for s in wheels for sub in ("cu13", "cublas")]
+        wheel_cuda_lib = [os.path.join(s, "nvidia", sub, "lib") for s in wheels for sub in ("cu13", "cublas")]
+        cudnn_home = os.environ.get("CUDNN_HOME")
+        cudnn_inc = ([os.path.join(cudnn_home, "include")] if cudnn_home else []) + toolkit_inc + [
+            "/usr/include",
+            "/usr/include/x86_64-linux-gnu",
+        ] + [os.path.join(s, "nvidia", "cudnn", "include") for s in wheels]
+        cudnn_lib = (
+            [os.path.join(cudnn_home, d) for d in ("lib64", "lib")] if cudnn_home else []
+        ) + toolkit_lib + ["/usr/lib/x86_64-linux-gnu"] + [os.path.join(s, "nvidia", "cudnn", "lib") for s in wheels]
+
+        self.cudart_static = _find_file(toolkit_lib + wheel_cuda_lib, ["libcudart_static.a"])
+        cublaslt_h = _find_file(toolkit_inc + wheel_cuda_inc, ["cublasLt.h"])
+        self.cublaslt = _find_file(toolkit_lib + wheel_cuda_lib, ["libcublasLt.so", "libcublasLt.so.[0-9]*"])
+        cudnn_h = _find_file(cudnn_inc, ["cudnn.h"])
+        self.cudnn = _find_file(cudnn_lib, ["libcudnn.so", "libcudnn.so.[0-9]*"])
+        missing = [
+            name
+            for name, found in (
+                ("libcudart_static.a", self.cudart_static),
+                ("cublasLt.h", cublaslt_h),
+                ("libcublasLt.so", self.cublaslt),
+                ("cudnn.h", cudnn_h),
+                ("libcudnn.so", self.cudnn),
+            )
+            if not found
+        ]
+        if missing:
+            self.reason = "nvcc found at %s, but not %s (set CUDNN_HOME for cuDNN)" % (self.nvcc, ", ".join(missing))
+            return
+        self.include_dirs = sorted({os.path.dirname(cublaslt_h), os.path.dirname(cudnn_h)}, key=len)
+        self.include_dirs.append(toolkit_inc[0])
+        self.lib_dirs = []
+        for path in (self.cudart_static, self.cublaslt, self.cudnn):
+            d = os.path.dirname(path)
+            if d not in self.lib_dirs:
+                self.lib_dirs.append(d)
+        # Prefer the NVIDIA wheels' copies at run time (the ones torch loads),
+        # then the folders found now.
+        self.rpath = ["$ORIGIN/../nvidia/cu13/lib", "$ORIGIN/../nvidia/cudnn/lib"] + self.lib_dirs
+        self.sonames = [_soname(self.cublaslt), _soname(self.cudnn)]
+        arch_text = os.environ.get("GPUACCEL_CUDA_ARCH", DEFAULT_ARCHS)
+        self.archs = [a.strip() for a in arch_text.replace(",", ";").split(";") if a.strip()]
+        if not self.archs:
+            self.reason = "GPUACCEL_CUDA_ARCH is empty"
+
+    @property
+    def enabled(self):
+        return self.reason is None
+
+    def gencode_flags(self):
+        flags = []
+        for arch in self.archs:
+            flags += ["-gencode", "arch=compute_%s,code=sm_%s" % (arch, arch)]
+        newest = max(self.archs, key=lambda a: int("".join(ch for ch in a if ch.isdigit())))
+        flags += ["-gencode", "arch=compute_%s,code=compute_%s" % (newest, newest)]
+        return flags
+
+
+class BuildExt(build_ext):
+    def build_extension(self, ext):
+        cuda = CudaConfig()
+        sanitize = os.environ.get("GPUACCEL_SANITIZE") == "1"
+        jobs = int(os.environ.get("GPUACCEL_JOBS", "0")) or os.cpu_count() or 1
+        if cuda.enabled:
+            _say("building with CUDA (nvcc %s, architectures %s)" % (cuda.nvcc, ";".join(cuda.archs)))
+        else:
+            _say("building CPU-only: %s" % cuda.reason)
+
+        c_sources = list(ext.sources) + ([] if cuda.enabled else [_rel("kernels", "nocuda.c")])
+        include_dirs = [ROOT, numpy.get_include()] + list(ext.include_dirs)
+        cflags = ["-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers",
+                  "-fvisibility=hidden", "-pthread"]
+        ldflags = ["-pthread"]
+        if sanitize:
+            cflags += ["-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined",
+                       "-fno-sanitize-recover=undefined"]
+            ldflags += ["-fsanitize=address,undefined"]
+            _say("sanitizer build (AddressSanitizer + UndefinedBehaviorSanitizer)")
+        else:
+            cflags += ["-O3"]
+        macros = [("GPUACCEL_WITH_CUDA", "1")] if cuda.enabled else []
+
+        build_temp = os.path.abspath(self.build_temp)
+        os.makedirs(build_temp, exist_ok=True)
+        depends = [os.path.join(ROOT, h) for h in HEADERS]
+
+        def compile_c(src):
+            return self.compiler.compile(
+                [src], output_dir=build_temp, macros=macros, include_dirs=include_dirs,
+                extra_postargs=cflags, depends=depends,
+            )[0]
+
+        def compile_cu(src):
+            obj = os.path.join(build_temp, src.replace(os.sep, "_") + ".o")
+            cmd = [cuda.nvcc, "-c", src, "-o", obj, "-std=c++17", "-O3", "-lineinfo",
+                   "-Xcompiler", "-fPIC", "-Xcompiler", "-fvisibility=hidden",
+                   '-DGPUACCEL_CUDA_ARCHS="%s"' % ";".join(cuda.archs)]
+            cmd += ["-I" + ROOT] + ["-I" + d for d in cuda.include_dirs] + cuda.gencode_flags()
+            if self.force or not os.path.exists(obj) or any(
+                os.path.getmtime(f) > os.path.getmtime(obj) for f in [src] + depends
+            ):
+                _say("nvcc " + src)
+                subprocess.run(cmd, check=True, cwd=ROOT)
+            return obj
+
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            # the slow nvcc jobs first, so both cores stay busy
+            futures = [pool.submit(compile_cu, s) for s in (CU_SOURCES if cuda.enabled else [])]
+            futures += [pool.submit(compile_c, s) for s in c_sources]
+            objects = [f.result() for f in futures]
+
+        libraries, library_dirs, link_args = [], [], list(ldflags)
+        if cuda.enabled:
+            library_dirs = cuda.lib_dirs
+            link_args += [cuda.cudart_static, _link_flag(cuda.cublaslt), _link_flag(cuda.cudnn),
+                          "-lstdc++", "-lrt", "-ldl", "-Wl,--enable-new-dtags"]
+            link_args += ["-Wl,-rpath," + d for d in cuda.rpath]
+        ext_path = self.get_ext_fullpath(ext.name)
+        os.makedirs(os.path.dirname(ext_path), exist_ok=True)
+        self.compiler.link_shared_object(
+            objects, ext_path, libraries=libraries, library_dirs=library_dirs,
+            extra_postargs=link_args, target_lang="c",
+        )
+        self._write_build_config(ext_path, cuda, sanitize)
+
+    def copy_extensions_to_source(self):
+        super().copy_extensions_to_source()
+        # in-place and editable builds: the generated module goes along
+        built = os.path.join(self.build_lib, "gpuaccel", "_build_config.py")
+        if os.path.exists(built):
+            shutil.copyfile(built, os.path.join(ROOT, "gpuaccel", "_build_config.py"))
+
+    def _write_build_config(self, ext_path, cuda, sanitize):
+        """gpuaccel/_build_config.py: what the Python side needs to know
+        before it loads the extension (which CUDA libraries to preload)."""
+        text = (
+            "# Written by setup.py at build time.\n"
+            "BUILT_WITH_CUDA = %r\n"
+            "CUDA_BUILD_NOTE = %r\n"
+            "CUDA_LIBRARY_SONAMES = %r\n"
+            "SANITIZE = %r\n"
+        ) % (cuda.enabled, cuda.reason or "", cuda.sonames if cuda.enabled else [], sanitize)
+        path = os.path.join(os.path.dirname(ext_path), "_build_config.py")
+        with open(path, "w") as f:
+            f.write(text)
+
+
+setup(
+    ext_modules=[Extension("gpuaccel._C", sources=C_SOURCES, depends=HEADERS)],
+    cmdclass={"build_ext": BuildExt},
+)
