@@ -33,13 +33,14 @@ int ga_check_shape(ga_dtype dtype, int ndim, const int64_t *shape, int64_t *nume
         if (shape[d] == 0)
             zero = 1;
     }
-    int64_t limit = PY_SSIZE_T_MAX / (int64_t)ga_dtype_itemsize(dtype);
+    int64_t bytes = (int64_t)ga_dtype_itemsize(dtype);
     for (int d = 0; d < ndim && !zero; d++) {
-        if (shape[d] > 0 && n > limit / shape[d]) {
+        if (__builtin_mul_overflow(n, shape[d], &n) || __builtin_mul_overflow(n, bytes, &bytes) ||
+            bytes > PY_SSIZE_T_MAX) {
             PyErr_SetString(PyExc_ValueError, "array is too big: its size in bytes overflows");
             return -1;
         }
-        n *= shape[d];
+        bytes = (int64_t)ga_dtype_itemsize(dtype);
     }
     *numel = zero ? 0 : n;
     return 0;
@@ -159,6 +160,8 @@ static ArrayObject *array_alloc(ga_state *st)
         a->flags = 0;
         a->block = NULL;
         a->owns_block = 0;
+        a->dlpack = NULL;
+        a->dlpack_versioned = 0;
         a->base = NULL;
         a->weakreflist = NULL;
     }
@@ -242,6 +245,18 @@ ArrayObject *ga_array_wrap(ga_state *st, void *data, ga_dtype dtype, int ndim,
     return a;
 }
 
+ArrayObject *ga_array_from_dlpack_tensor(ga_state *st, void *managed, int versioned, void *data,
+                                         ga_dtype dtype, int ndim, const int64_t *shape,
+                                         const int64_t *strides, ga_device device, int flags)
+{
+    ArrayObject *a = ga_array_wrap(st, data, dtype, ndim, shape, strides, device, flags, NULL);
+    if (a) {
+        a->dlpack = managed;
+        a->dlpack_versioned = versioned;
+    }
+    return a;
+}
+
 ArrayObject *ga_array_view(ga_state *st, ArrayObject *src, char *data, int ndim,
                            const int64_t *shape, const int64_t *strides)
 {
@@ -256,7 +271,7 @@ ArrayObject *ga_array_view(ga_state *st, ArrayObject *src, char *data, int ndim,
     memcpy(a->shape, shape, (size_t)ndim * sizeof(int64_t));
     memcpy(a->strides, strides, (size_t)ndim * sizeof(int64_t));
     /* keep the root alive, not the chain of views */
-    a->base = Py_NewRef(src->owns_block ? (PyObject *)src : src->base);
+    a->base = Py_NewRef(src->owns_block || src->dlpack ? (PyObject *)src : src->base);
     a->block = src->block;
     return a;
 }
@@ -284,6 +299,8 @@ static void Array_dealloc(ArrayObject *self)
         PyObject_ClearWeakRefs((PyObject *)self);
     if (self->owns_block)
         ga_block_free(self->block);
+    if (self->dlpack)
+        ga_dlpack_release(self->dlpack, self->dlpack_versioned);
     Array_clear(self);
     type->tp_free((PyObject *)self);
     Py_DECREF(type);
@@ -465,7 +482,9 @@ static int index_view(ArrayObject *self, PyObject *key, char **data, int *ndim, 
             shape[out] = len;
             strides[out] = self->strides[src] * step;
             src++, out++;
-        } else if (PyIndex_Check(item) && !PyBool_Check(item)) {
+        } else if (PyIndex_Check(item) && !PyBool_Check(item) &&
+                   !(PyArray_Check(item) && PyArray_NDIM((PyArrayObject *)item) > 0) &&
+                   !PyArray_IsScalar(item, Bool)) {
             Py_ssize_t i = PyNumber_AsSsize_t(item, PyExc_IndexError);
             if (i == -1 && PyErr_Occurred())
                 goto done;
@@ -513,6 +532,16 @@ static PyObject *Array_getitem(ArrayObject *self, PyObject *key)
     if (index_view(self, key, &data, &ndim, shape, strides) < 0)
         return NULL;
     return (PyObject *)ga_array_view(st, self, data, ndim, shape, strides);
+}
+
+static PyObject *Array_item_at(ArrayObject *self, Py_ssize_t i)
+{
+    PyObject *key = PyLong_FromSsize_t(i);
+    if (!key)
+        return NULL;
+    PyObject *result = Array_getitem(self, key);
+    Py_DECREF(key);
+    return result;
 }
 
 static int is_python_scalar(PyObject *v)
@@ -1107,7 +1136,7 @@ static PyMethodDef Array_methods[] = {
     {"item", (PyCFunction)Array_item, METH_NOARGS,
      "The single element as a Python number (waits for the GPU)."},
     {"tolist", (PyCFunction)Array_tolist, METH_NOARGS, "Nested lists of Python numbers."},
-    {"__dlpack__", KW ga_array_dlpack, METH_VARARGS | METH_KEYWORDS,
+    {"__dlpack__", KW ga_array_dlpack, METH_FASTCALL | METH_KEYWORDS,
      "__dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None)"},
     {"__dlpack_device__", (PyCFunction)ga_array_dlpack_device, METH_NOARGS, NULL},
     {"__array__", KW Array_array, METH_VARARGS | METH_KEYWORDS, NULL},
@@ -1131,6 +1160,7 @@ static PyType_Slot Array_slots[] = {
     {Py_mp_ass_subscript, Array_setitem},
     {Py_mp_length, Array_length},
     {Py_sq_length, Array_length},
+    {Py_sq_item, Array_item_at},
     {Py_nb_float, Array_float},
     {Py_nb_int, Array_int},
     {Py_nb_bool, Array_bool},

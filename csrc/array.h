@@ -24,13 +24,15 @@ typedef struct {
     int64_t strides[GA_MAX_NDIM]; /* bytes */
     /* Who keeps the memory alive: exactly one of
      *   owns_block: memory this array allocated (it is the root);
+     *   dlpack: a consumed DLPack tensor (this array is the root);
      *   base:  the root Array of a view, or a foreign owner (a NumPy array,
-     *          a consumed DLPack tensor, an object exposing
-     *          __cuda_array_interface__).
+     *          an object exposing __cuda_array_interface__).
      * Views of gpuaccel memory also carry the root's block, borrowed, so
      * that work on other streams can be recorded on it. */
     ga_block *block;  /* the allocation behind the memory (borrowed in views) */
     int owns_block;   /* 1 in the root array, which frees it */
+    void *dlpack;     /* a consumed DLPack tensor whose deleter this root calls */
+    int dlpack_versioned;
     PyObject *base;
     PyObject *weakreflist;
 } ArrayObject;
@@ -64,6 +66,11 @@ ArrayObject *ga_array_empty(ga_state *st, ga_dtype dtype, int ndim, const int64_
 ArrayObject *ga_array_wrap(ga_state *st, void *data, ga_dtype dtype, int ndim,
                            const int64_t *shape, const int64_t *strides, ga_device device,
                            int flags, PyObject *owner);
+/* An array over the memory of a consumed DLPack tensor, whose deleter it
+ * calls when the last view of it goes. */
+ArrayObject *ga_array_from_dlpack_tensor(ga_state *st, void *managed, int versioned, void *data,
+                                         ga_dtype dtype, int ndim, const int64_t *shape,
+                                         const int64_t *strides, ga_device device, int flags);
 /* A view of `src`'s memory with another geometry. */
 ArrayObject *ga_array_view(ga_state *st, ArrayObject *src, char *data, int ndim,
                            const int64_t *shape, const int64_t *strides);
@@ -103,16 +110,24 @@ int ga_scalar_from_object(PyObject *obj, ga_scalar *out, const char *argname);
  * and device may be NULL for "keep". copy: -1 None, 0 False, 1 True. */
 ArrayObject *ga_asarray(ga_state *st, PyObject *obj, const ga_dtype *dtype,
                         const ga_device *device, int copy, PyObject *stream_obj);
+/* The conversion half of ga_asarray: arr (a new reference, consumed) as
+ * the dtype/device asked for; `fresh` when arr is already a private copy. */
+ArrayObject *ga_array_convert(ga_state *st, ArrayObject *arr, int fresh, const ga_dtype *dtype,
+                              const ga_device *device, int copy, PyObject *stream_obj);
 PyObject *ga_py_empty(PyObject *module, PyObject *args, PyObject *kwargs);
 PyObject *ga_py_zeros(PyObject *module, PyObject *args, PyObject *kwargs);
 PyObject *ga_py_ones(PyObject *module, PyObject *args, PyObject *kwargs);
 PyObject *ga_py_full(PyObject *module, PyObject *args, PyObject *kwargs);
-PyObject *ga_py_asarray(PyObject *module, PyObject *args, PyObject *kwargs);
+PyObject *ga_py_asarray(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                        PyObject *kwnames);
 /* Parses copy=None/True/False into -1/1/0. */
 int ga_copy_flag_from_object(PyObject *obj, int *out);
 
 /* ---- dlpack.c */
-PyObject *ga_array_dlpack(ArrayObject *self, PyObject *args, PyObject *kwargs);
+/* Calls the deleter of a consumed DLPack tensor. */
+void ga_dlpack_release(void *managed, int versioned);
+PyObject *ga_array_dlpack(ArrayObject *self, PyObject *const *args, Py_ssize_t nargs,
+                          PyObject *kwnames);
 PyObject *ga_array_dlpack_device(ArrayObject *self, PyObject *unused);
 PyObject *ga_array_cuda_array_interface(ArrayObject *self, void *closure);
 /* The memory of an object with __dlpack__, or of a DLPack capsule, as an
@@ -120,6 +135,7 @@ PyObject *ga_array_cuda_array_interface(ArrayObject *self, void *closure);
 ArrayObject *ga_from_dlpack_object(ga_state *st, PyObject *obj);
 /* from an object with __cuda_array_interface__ */
 ArrayObject *ga_from_cuda_array_interface(ga_state *st, PyObject *obj, PyObject *cai);
-PyObject *ga_py_from_dlpack(PyObject *module, PyObject *args, PyObject *kwargs);
+PyObject *ga_py_from_dlpack(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                            PyObject *kwnames);
 
 #endif

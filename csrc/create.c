@@ -154,9 +154,31 @@ static int numpy_makes_new_array(PyObject *obj)
 
 static ArrayObject *from_numpy_convertible(ga_state *st, PyObject *obj)
 {
-    PyObject *arr = PyArray_FromAny(obj, NULL, 0, 0, NPY_ARRAY_NOTSWAPPED, NULL);
+    PyObject *arr;
+    if (!PyArray_Check(obj) && PyObject_CheckBuffer(obj)) {
+        /* through a memoryview, so that bytes-like objects keep their
+         * buffer format (bytes: uint8) instead of becoming strings */
+        PyObject *view = PyMemoryView_FromObject(obj);
+        if (!view)
+            return NULL;
+        arr = PyArray_FromAny(view, NULL, 0, 0, 0, NULL);
+        Py_DECREF(view);
+    } else {
+        arr = PyArray_FromAny(obj, NULL, 0, 0, 0, NULL);
+    }
     if (!arr)
         return NULL;
+    if (!PyArray_ISNOTSWAPPED((PyArrayObject *)arr)) {
+        /* big-endian data: gpuaccel computes in the machine's byte order */
+        PyArray_Descr *native =
+            PyArray_DescrNewByteorder(PyArray_DESCR((PyArrayObject *)arr), NPY_NATIVE);
+        PyObject *swapped = native ? PyArray_FromAny(arr, native, 0, 0, NPY_ARRAY_DEFAULT, NULL)
+                                   : NULL;
+        Py_DECREF(arr);
+        if (!swapped)
+            return NULL;
+        arr = swapped;
+    }
     PyArrayObject *a = (PyArrayObject *)arr;
     ga_dtype dtype;
     if (ga_dtype_from_numpy_descr(st, (PyObject *)PyArray_DESCR(a), &dtype) < 0) {
@@ -183,37 +205,9 @@ static ArrayObject *from_numpy_convertible(ga_state *st, PyObject *obj)
     return result;
 }
 
-ArrayObject *ga_asarray(ga_state *st, PyObject *obj, const ga_dtype *dtype,
-                        const ga_device *device, int copy, PyObject *stream_obj)
+ArrayObject *ga_array_convert(ga_state *st, ArrayObject *arr, int fresh, const ga_dtype *dtype,
+                              const ga_device *device, int copy, PyObject *stream_obj)
 {
-    ArrayObject *arr = NULL;
-    int fresh = 0; /* arr is already a private copy of obj's values */
-    if (ga_is_array(st, obj)) {
-        arr = (ArrayObject *)Py_NewRef(obj);
-    } else if (PyCapsule_CheckExact(obj) || PyObject_HasAttrString(obj, "__dlpack__")) {
-        arr = ga_from_dlpack_object(st, obj);
-        if (!arr && PyErr_ExceptionMatches(PyExc_BufferError) && PyObject_CheckBuffer(obj)) {
-            PyErr_Clear(); /* e.g. a read-only NumPy array of an old NumPy */
-            arr = from_numpy_convertible(st, obj);
-        }
-    } else if (PyObject_HasAttrString(obj, "__cuda_array_interface__")) {
-        PyObject *cai = PyObject_GetAttrString(obj, "__cuda_array_interface__");
-        if (!cai)
-            return NULL;
-        arr = ga_from_cuda_array_interface(st, obj, cai);
-        Py_DECREF(cai);
-    } else {
-        fresh = numpy_makes_new_array(obj);
-        if (fresh && copy == 0) {
-            PyErr_Format(PyExc_ValueError,
-                         "asarray: copy=False, but a %.200s has to be copied to make an array",
-                         ga_type_name(obj));
-            return NULL;
-        }
-        arr = from_numpy_convertible(st, obj);
-    }
-    if (!arr)
-        return NULL;
     ga_dtype want_dtype = dtype ? *dtype : arr->dtype;
     ga_device want_device = device ? *device : arr->device;
     int convert = want_dtype != arr->dtype || !ga_device_equal(want_device, arr->device);
@@ -234,24 +228,61 @@ ArrayObject *ga_asarray(ga_state *st, PyObject *obj, const ga_dtype *dtype,
     return arr;
 }
 
-PyObject *ga_py_asarray(PyObject *module, PyObject *args, PyObject *kwargs)
+ArrayObject *ga_asarray(ga_state *st, PyObject *obj, const ga_dtype *dtype,
+                        const ga_device *device, int copy, PyObject *stream_obj)
 {
-    static char *kwlist[] = {"obj", "dtype", "device", "copy", "stream", NULL};
-    PyObject *obj, *dtype_obj = Py_None, *device_obj = Py_None, *copy_obj = Py_None,
-                   *stream_obj = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|OO$OO:asarray", kwlist, &obj, &dtype_obj,
-                                     &device_obj, &copy_obj, &stream_obj))
+    ArrayObject *arr = NULL;
+    int fresh = 0; /* arr is already a private copy of obj's values */
+    if (ga_is_array(st, obj)) {
+        arr = (ArrayObject *)Py_NewRef(obj);
+    } else if (PyCapsule_CheckExact(obj) || PyObject_HasAttr(obj, st->str_dlpack)) {
+        arr = ga_from_dlpack_object(st, obj);
+        if (!arr && PyErr_ExceptionMatches(PyExc_BufferError) && PyObject_CheckBuffer(obj)) {
+            PyErr_Clear(); /* e.g. a read-only NumPy array of an old NumPy */
+            arr = from_numpy_convertible(st, obj);
+        }
+    } else if (PyObject_HasAttr(obj, st->str_cuda_array_interface)) {
+        PyObject *cai = PyObject_GetAttr(obj, st->str_cuda_array_interface);
+        if (!cai)
+            return NULL;
+        arr = ga_from_cuda_array_interface(st, obj, cai);
+        Py_DECREF(cai);
+    } else {
+        fresh = numpy_makes_new_array(obj);
+        if (fresh && copy == 0) {
+            PyErr_Format(PyExc_ValueError,
+                         "asarray: copy=False, but a %.200s has to be copied to make an array",
+                         ga_type_name(obj));
+            return NULL;
+        }
+        arr = from_numpy_convertible(st, obj);
+    }
+    if (!arr)
         return NULL;
+    return ga_array_convert(st, arr, fresh, dtype, device, copy, stream_obj);
+}
+
+PyObject *ga_py_asarray(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                        PyObject *kwnames)
+{
+    static const char *const names[] = {"obj", "dtype", "device", "copy", "stream", NULL};
+    PyObject *v[5];
+    if (ga_parse_args("asarray", args, nargs, kwnames, names, 3, 1, v) < 0)
+        return NULL;
+    PyObject *obj = v[0], *dtype_obj = v[1], *device_obj = v[2], *copy_obj = v[3],
+             *stream_obj = v[4];
     ga_state *st = ga_state_from_module(module);
     ga_dtype dtype;
     ga_device device;
     int copy;
-    if (dtype_obj != Py_None && ga_dtype_from_object(st, dtype_obj, &dtype, "dtype") < 0)
+    int has_dtype = dtype_obj && dtype_obj != Py_None;
+    int has_device = device_obj && device_obj != Py_None;
+    if (has_dtype && ga_dtype_from_object(st, dtype_obj, &dtype, "dtype") < 0)
         return NULL;
-    if (device_obj != Py_None && ga_device_from_object(st, device_obj, &device, "device") < 0)
+    if (has_device && ga_device_from_object(st, device_obj, &device, "device") < 0)
         return NULL;
     if (ga_copy_flag_from_object(copy_obj, &copy) < 0)
         return NULL;
-    return (PyObject *)ga_asarray(st, obj, dtype_obj == Py_None ? NULL : &dtype,
-                                  device_obj == Py_None ? NULL : &device, copy, stream_obj);
+    return (PyObject *)ga_asarray(st, obj, has_dtype ? &dtype : NULL, has_device ? &device : NULL,
+                                  copy, stream_obj);
 }

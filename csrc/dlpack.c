@@ -24,7 +24,6 @@ static const char *const CAPSULE_VERSIONED = "dltensor_versioned";
 static const char *const CAPSULE_LEGACY = "dltensor";
 static const char *const CAPSULE_USED_VERSIONED = "used_dltensor_versioned";
 static const char *const CAPSULE_USED_LEGACY = "used_dltensor";
-static const char *const CAPSULE_OWNER = "gpuaccel.dlpack_owner";
 
 /* ------------------------------------------------------------ dtypes */
 
@@ -224,8 +223,8 @@ static int parse_dl_device(ga_state *st, PyObject *obj, const ArrayObject *self,
     }
     if (type == kDLCUDA || type == kDLCUDAManaged) {
         out->type = GA_DEVICE_CUDA;
-        out->index = id;
-        return ga_ensure_cuda_device(st, id);
+        out->index = id; /* checked by the copy, if one is needed */
+        return 0;
     }
     PyErr_Format(PyExc_BufferError,
                  "__dlpack__: cannot export to DLPack device type %d; gpuaccel supports CPU "
@@ -234,14 +233,15 @@ static int parse_dl_device(ga_state *st, PyObject *obj, const ArrayObject *self,
     return -1;
 }
 
-PyObject *ga_array_dlpack(ArrayObject *self, PyObject *args, PyObject *kwargs)
+PyObject *ga_array_dlpack(ArrayObject *self, PyObject *const *args, Py_ssize_t nargs,
+                          PyObject *kwnames)
 {
-    static char *kwlist[] = {"stream", "max_version", "dl_device", "copy", NULL};
-    PyObject *stream_obj = Py_None, *max_version = Py_None, *dl_device = Py_None,
-             *copy_obj = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|$OOOO:__dlpack__", kwlist, &stream_obj,
-                                     &max_version, &dl_device, &copy_obj))
+    static const char *const names[] = {"stream", "max_version", "dl_device", "copy", NULL};
+    PyObject *v[4];
+    if (ga_parse_args("__dlpack__", args, nargs, kwnames, names, 0, 0, v) < 0)
         return NULL;
+    PyObject *stream_obj = v[0] ? v[0] : Py_None, *max_version = v[1] ? v[1] : Py_None,
+             *dl_device = v[2] ? v[2] : Py_None, *copy_obj = v[3] ? v[3] : Py_None;
     ga_state *st = ga_state_from_type(Py_TYPE(self));
     if (!st)
         return NULL;
@@ -374,22 +374,14 @@ PyObject *ga_array_dlpack_device(ArrayObject *self, PyObject *unused)
 
 /* ---------------------------------------------------------- consumer */
 
-/* The owner of an imported tensor: calls its deleter when the Array (and
- * every view of it) is gone. */
-static void owner_destructor(PyObject *capsule)
+void ga_dlpack_release(void *managed, int versioned)
 {
-    void *ptr = PyCapsule_GetPointer(capsule, CAPSULE_OWNER);
-    int versioned = PyCapsule_GetContext(capsule) != NULL;
-    if (!ptr) {
-        PyErr_Clear();
-        return;
-    }
     if (versioned) {
-        DLManagedTensorVersioned *m = ptr;
+        DLManagedTensorVersioned *m = managed;
         if (m->deleter)
             m->deleter(m);
     } else {
-        DLManagedTensor *m = ptr;
+        DLManagedTensor *m = managed;
         if (m->deleter)
             m->deleter(m);
     }
@@ -515,85 +507,69 @@ static ArrayObject *import_capsule(ga_state *st, PyObject *capsule)
     }
     char *data = t->data ? (char *)t->data + t->byte_offset : NULL;
 
-    /* Take ownership: our capsule calls the deleter; theirs is marked used. */
-    PyObject *owner = PyCapsule_New(managed, CAPSULE_OWNER, NULL);
-    if (!owner)
+    /* Take ownership: the Array calls the deleter; the capsule is marked used. */
+    ArrayObject *arr = ga_array_from_dlpack_tensor(st, managed, versioned, data, dtype, t->ndim,
+                                                   t->shape, byte_strides, device, array_flags);
+    if (!arr)
         return NULL;
-    if (versioned && PyCapsule_SetContext(owner, (void *)1) < 0) {
-        Py_DECREF(owner);
-        return NULL;
-    }
-    ArrayObject *arr = ga_array_wrap(st, data, dtype, t->ndim, t->shape, byte_strides, device,
-                                     array_flags, owner);
-    if (!arr || PyCapsule_SetName(capsule, versioned ? CAPSULE_USED_VERSIONED
-                                                     : CAPSULE_USED_LEGACY) < 0) {
-        Py_XDECREF(arr);
-        Py_DECREF(owner); /* no destructor yet: the producer's capsule still owns it */
+    if (PyCapsule_SetName(capsule, versioned ? CAPSULE_USED_VERSIONED : CAPSULE_USED_LEGACY) < 0) {
+        arr->dlpack = NULL; /* the producer's capsule still owns it */
+        Py_DECREF(arr);
         return NULL;
     }
-    if (PyCapsule_SetDestructor(owner, owner_destructor) < 0) {
-        /* cannot happen for a valid capsule; the memory then leaks safely */
-        PyErr_Clear();
-    }
-    Py_DECREF(owner);
     return arr;
 }
 
-/* Calls obj.__dlpack__ asking for a versioned tensor and, for CUDA, for our
- * current stream to be made to wait; retries the plain call for producers
- * that predate those keywords. */
+/* Calls obj.__dlpack__ asking for a versioned tensor; retries without
+ * max_version for producers that predate it.  The stream argument is only
+ * needed when a gpuaccel stream other than the legacy default is current:
+ * stream=None already means "the legacy default stream" to a CUDA producer,
+ * which spares asking for __dlpack_device__ (costly in torch). */
 static PyObject *call_dlpack(ga_state *st, PyObject *obj)
 {
-    PyObject *kwargs = PyDict_New(), *capsule = NULL, *device = NULL;
-    if (!kwargs)
+    PyObject *current = NULL, *stream = NULL, *capsule = NULL;
+    if (PyContextVar_Get(st->current_stream, NULL, &current) < 0)
         return NULL;
-    PyObject *max_version = Py_BuildValue("(ii)", DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION);
-    if (!max_version || PyDict_SetItemString(kwargs, "max_version", max_version) < 0)
-        goto done;
-    device = PyObject_HasAttrString(obj, "__dlpack_device__")
-                 ? PyObject_CallMethod(obj, "__dlpack_device__", NULL)
-                 : NULL;
-    if (PyErr_Occurred())
-        goto done;
-    if (device) {
-        int type, id;
-        if (!PyTuple_Check(device) || !PyArg_ParseTuple(device, "ii", &type, &id)) {
+    if (current) {
+        Py_DECREF(current);
+        PyObject *device = PyObject_HasAttr(obj, st->str_dlpack_device)
+                               ? PyObject_CallMethodNoArgs(obj, st->str_dlpack_device)
+                               : NULL;
+        if (PyErr_Occurred())
+            return NULL;
+        int type = 0, id = 0;
+        if (device && (!PyTuple_Check(device) || !PyArg_ParseTuple(device, "ii", &type, &id))) {
             PyErr_Clear();
             PyErr_Format(PyExc_TypeError,
                          "from_dlpack: __dlpack_device__() must return (device_type, "
                          "device_id), got %R",
                          device);
-            goto done;
+            Py_DECREF(device);
+            return NULL;
         }
+        Py_XDECREF(device);
         if (type == kDLCUDA || type == kDLCUDAManaged) {
             ga_stream ours;
             if (ga_ensure_cuda_device(st, id) < 0 || ga_current_stream(st, id, &ours) < 0)
-                goto done;
-            PyObject *s = PyLong_FromSsize_t(ga_stream_protocol_value(ours));
-            int rc = s ? PyDict_SetItemString(kwargs, "stream", s) : -1;
-            Py_XDECREF(s);
-            if (rc < 0)
-                goto done;
+                return NULL;
+            stream = PyLong_FromSsize_t(ga_stream_protocol_value(ours));
+            if (!stream)
+                return NULL;
         }
     }
-    PyObject *method = PyObject_GetAttrString(obj, "__dlpack__");
-    if (!method)
-        goto done;
-    PyObject *empty = PyTuple_New(0);
-    if (empty) {
-        capsule = PyObject_Call(method, empty, kwargs);
-        if (!capsule && PyErr_ExceptionMatches(PyExc_TypeError)) {
-            PyErr_Clear();
-            PyDict_DelItemString(kwargs, "max_version");
-            capsule = PyObject_Call(method, empty, kwargs);
-        }
-        Py_DECREF(empty);
+    /* vectorcall: slot 0 is free for the callee, then self, then kwargs */
+    PyObject *call_args[4] = {NULL, obj, st->dlpack_max_version, stream};
+    capsule = PyObject_VectorcallMethod(st->str_dlpack, call_args + 1,
+                                        1 | PY_VECTORCALL_ARGUMENTS_OFFSET,
+                                        stream ? st->kw_max_version_stream : st->kw_max_version);
+    if (!capsule && PyErr_ExceptionMatches(PyExc_TypeError)) {
+        PyErr_Clear();
+        PyObject *old_args[3] = {NULL, obj, stream};
+        capsule = PyObject_VectorcallMethod(st->str_dlpack, old_args + 1,
+                                            1 | PY_VECTORCALL_ARGUMENTS_OFFSET,
+                                            stream ? st->kw_stream : NULL);
     }
-    Py_DECREF(method);
-done:
-    Py_XDECREF(max_version);
-    Py_XDECREF(device);
-    Py_DECREF(kwargs);
+    Py_XDECREF(stream);
     return capsule;
 }
 
@@ -616,15 +592,16 @@ ArrayObject *ga_from_dlpack_object(ga_state *st, PyObject *obj)
     return arr;
 }
 
-PyObject *ga_py_from_dlpack(PyObject *module, PyObject *args, PyObject *kwargs)
+PyObject *ga_py_from_dlpack(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                            PyObject *kwnames)
 {
-    static char *kwlist[] = {"x", "device", "copy", NULL};
-    PyObject *x, *device_obj = Py_None, *copy_obj = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "O|$OO:from_dlpack", kwlist, &x, &device_obj,
-                                     &copy_obj))
+    static const char *const names[] = {"x", "device", "copy", NULL};
+    PyObject *v[3];
+    if (ga_parse_args("from_dlpack", args, nargs, kwnames, names, 1, 1, v) < 0)
         return NULL;
+    PyObject *x = v[0], *device_obj = v[1], *copy_obj = v[2];
     ga_state *st = ga_state_from_module(module);
-    if (!PyCapsule_CheckExact(x) && !PyObject_HasAttrString(x, "__dlpack__")) {
+    if (!PyCapsule_CheckExact(x) && !PyObject_HasAttr(x, st->str_dlpack)) {
         PyErr_Format(PyExc_TypeError,
                      "from_dlpack: x must have a __dlpack__ method or be a DLPack capsule, got "
                      "%.200s",
@@ -633,11 +610,15 @@ PyObject *ga_py_from_dlpack(PyObject *module, PyObject *args, PyObject *kwargs)
     }
     ga_device device;
     int copy;
-    if (device_obj != Py_None && ga_device_from_object(st, device_obj, &device, "device") < 0)
+    int has_device = device_obj && device_obj != Py_None;
+    if (has_device && ga_device_from_object(st, device_obj, &device, "device") < 0)
         return NULL;
     if (ga_copy_flag_from_object(copy_obj, &copy) < 0)
         return NULL;
-    return (PyObject *)ga_asarray(st, x, NULL, device_obj == Py_None ? NULL : &device, copy, NULL);
+    ArrayObject *arr = ga_from_dlpack_object(st, x);
+    if (!arr)
+        return NULL;
+    return (PyObject *)ga_array_convert(st, arr, 0, NULL, has_device ? &device : NULL, copy, NULL);
 }
 
 /* -------------------------------------------------- CUDA Array Interface */

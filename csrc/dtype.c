@@ -80,8 +80,9 @@ int ga_dtype_from_numpy_descr(ga_state *st, PyObject *descr_obj, ga_dtype *out)
         break;
     }
     /* ml_dtypes.bfloat16 is a user-defined NumPy type */
-    if (size == 2 && descr->typeobj &&
-        strcmp(((PyTypeObject *)descr->typeobj)->tp_name, "bfloat16") == 0) {
+    const char *type_name = descr->typeobj ? ((PyTypeObject *)descr->typeobj)->tp_name : "";
+    const char *dot = strrchr(type_name, '.');
+    if (size == 2 && strcmp(dot ? dot + 1 : type_name, "bfloat16") == 0) {
         *out = GA_BFLOAT16;
         return 0;
     }

@@ -89,6 +89,14 @@ static int module_exec(PyObject *module)
         return -1;
     if (ga_device_module_init(module, st) < 0)
         return -1;
+    if (!(st->str_dlpack = PyUnicode_InternFromString("__dlpack__")) ||
+        !(st->str_dlpack_device = PyUnicode_InternFromString("__dlpack_device__")) ||
+        !(st->str_cuda_array_interface = PyUnicode_InternFromString("__cuda_array_interface__")) ||
+        !(st->kw_max_version = Py_BuildValue("(s)", "max_version")) ||
+        !(st->kw_max_version_stream = Py_BuildValue("(ss)", "max_version", "stream")) ||
+        !(st->kw_stream = Py_BuildValue("(s)", "stream")) ||
+        !(st->dlpack_max_version = Py_BuildValue("(ii)", 1, 1)))
+        return -1;
     if (add_dtype_names(module) < 0)
         return -1;
     if (PyModule_AddIntConstant(module, "MAX_NDIM", GA_MAX_NDIM) < 0)
@@ -110,6 +118,13 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->current_stream);
     Py_VISIT(st->default_device);
     Py_VISIT(st->bfloat16_descr);
+    Py_VISIT(st->str_dlpack);
+    Py_VISIT(st->str_dlpack_device);
+    Py_VISIT(st->str_cuda_array_interface);
+    Py_VISIT(st->kw_max_version);
+    Py_VISIT(st->kw_max_version_stream);
+    Py_VISIT(st->kw_stream);
+    Py_VISIT(st->dlpack_max_version);
     return 0;
 }
 
@@ -127,6 +142,13 @@ static int module_clear(PyObject *module)
     Py_CLEAR(st->current_stream);
     Py_CLEAR(st->default_device);
     Py_CLEAR(st->bfloat16_descr);
+    Py_CLEAR(st->str_dlpack);
+    Py_CLEAR(st->str_dlpack_device);
+    Py_CLEAR(st->str_cuda_array_interface);
+    Py_CLEAR(st->kw_max_version);
+    Py_CLEAR(st->kw_max_version_stream);
+    Py_CLEAR(st->kw_stream);
+    Py_CLEAR(st->dlpack_max_version);
     return 0;
 }
 
@@ -171,12 +193,12 @@ static PyMethodDef module_methods[] = {
     {"full", KW ga_py_full, METH_VARARGS | METH_KEYWORDS,
      "full(shape, fill_value, dtype=None, device=None, pinned=False) -> Array\n\ndtype "
      "defaults to bool, int64 or float32 after fill_value."},
-    {"asarray", KW ga_py_asarray, METH_VARARGS | METH_KEYWORDS,
+    {"asarray", KW ga_py_asarray, METH_FASTCALL | METH_KEYWORDS,
      "asarray(obj, dtype=None, device=None, copy=None, stream=None) -> Array\n\nAn Array from "
      "an Array, anything with __dlpack__ or __cuda_array_interface__, a buffer, or nested "
      "sequences of numbers.  Shares memory when it can; copy=True always copies and "
      "copy=False never does (raising ValueError when a copy would be needed)."},
-    {"from_dlpack", KW ga_py_from_dlpack, METH_VARARGS | METH_KEYWORDS,
+    {"from_dlpack", KW ga_py_from_dlpack, METH_FASTCALL | METH_KEYWORDS,
      "from_dlpack(x, /, *, device=None, copy=None) -> Array\n\nAn Array sharing memory with a "
      "DLPack producer (an object with __dlpack__, or a DLPack capsule)."},
     {"memory_stats", KW ga_py_memory_stats, METH_VARARGS | METH_KEYWORDS,

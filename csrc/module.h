@@ -23,6 +23,14 @@ typedef struct {
     PyObject *current_stream; /* contextvars.ContextVar: the Stream made current by `with` */
     PyObject *default_device; /* a Device */
     PyObject *bfloat16_descr; /* ml_dtypes' bfloat16 NumPy dtype, or Py_None if unavailable; NULL before first use */
+    /* interned names and constants of the DLPack exchange (a hot path) */
+    PyObject *str_dlpack;            /* "__dlpack__" */
+    PyObject *str_dlpack_device;     /* "__dlpack_device__" */
+    PyObject *str_cuda_array_interface;
+    PyObject *kw_max_version;        /* ("max_version",) */
+    PyObject *kw_max_version_stream; /* ("max_version", "stream") */
+    PyObject *kw_stream;             /* ("stream",) */
+    PyObject *dlpack_max_version;    /* (1, 1) */
 } ga_state;
 
 extern PyModuleDef ga_module_def;
@@ -66,6 +74,12 @@ int ga_raise(ga_state *st, ga_status status);
             goto error;                                                         \
         }                                                                       \
     } while (0)
+
+/* Parses METH_FASTCALL arguments by name: `names` is NULL-terminated; the
+ * first `max_positional` may come positionally and the first `required`
+ * must come.  values[i] is a borrowed reference, or NULL when absent. */
+int ga_parse_args(const char *func, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                  const char *const *names, int max_positional, int required, PyObject **values);
 
 /* Work smaller than this runs with the GIL held: releasing it costs more. */
 #define GA_NOGIL_THRESHOLD_BYTES (256 * 1024)

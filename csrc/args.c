@@ -1,0 +1,48 @@
+/*
+ * args.c — keyword-argument parsing for METH_FASTCALL entry points.
+ *
+ * PyArg_ParseTupleAndKeywords builds a tuple and a dict for every call;
+ * the hot paths (DLPack exchange, asarray, the ops) parse the vectorcall
+ * arguments directly instead.
+ */
+#include "module.h"
+
+int ga_parse_args(const char *func, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                  const char *const *names, int max_positional, int required, PyObject **values)
+{
+    int n = 0;
+    while (names[n])
+        n++;
+    if (nargs > max_positional) {
+        PyErr_Format(PyExc_TypeError, "%s() takes at most %d positional argument%s (%zd given)",
+                     func, max_positional, max_positional == 1 ? "" : "s", nargs);
+        return -1;
+    }
+    for (int i = 0; i < n; i++)
+        values[i] = i < nargs ? args[i] : NULL;
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    for (Py_ssize_t k = 0; k < nkw; k++) {
+        PyObject *key = PyTuple_GET_ITEM(kwnames, k);
+        int j = 0;
+        while (j < n && PyUnicode_CompareWithASCIIString(key, names[j]) != 0)
+            j++;
+        if (j == n) {
+            PyErr_Format(PyExc_TypeError, "%s() got an unexpected keyword argument %R", func, key);
+            return -1;
+        }
+        if (values[j]) {
+            PyErr_Format(PyExc_TypeError, "%s() got multiple values for argument '%s'", func,
+                         names[j]);
+            return -1;
+        }
+        values[j] = args[nargs + k];
+    }
+    for (int j = 0; j < required; j++) {
+        if (!values[j]) {
+            PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s' (pos %d)", func,
+                         names[j], j + 1);
+            return -1;
+        }
+    }
+    return 0;
+}
