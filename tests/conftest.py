@@ -1,0 +1,45 @@
+"""Shared fixtures: fresh random inputs (the seed is printed on failure),
+the `cuda` marker, and dtype-aware comparisons."""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import gpuaccel
+
+# helpers.py lives beside this file; tests import it as a plain module
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+CUDA = gpuaccel.cuda_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    if CUDA:
+        return
+    why = "needs a CUDA GPU (gpuaccel.cuda_available() is False: %s)" % (
+        "built without CUDA" if not gpuaccel.built_with_cuda() else "no driver or device"
+    )
+    skip = pytest.mark.skip(reason=why)
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def rng(request):
+    """A generator with a fresh seed per test (GPUACCEL_TEST_SEED pins it)."""
+    seed = int(os.environ.get("GPUACCEL_TEST_SEED", "0")) or int.from_bytes(os.urandom(4), "little")
+    request.node.user_properties.append(("seed", seed))
+    return np.random.default_rng(seed)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.failed:
+        for name, value in item.user_properties:
+            if name == "seed":
+                report.sections.append(("random seed", "GPUACCEL_TEST_SEED=%d" % value))
+    return report

@@ -1,0 +1,167 @@
+"""Test helpers: references, tolerances, synthetic DLPack capsules."""
+
+import ctypes
+import gc
+import sys
+
+import numpy as np
+
+import gpuaccel
+
+ALL_DTYPES = list(gpuaccel.DTYPES)
+FLOAT_DTYPES = ["float16", "bfloat16", "float32", "float64"]
+INT_DTYPES = ["uint8", "int8", "int16", "int32", "int64"]
+
+# tolerances of the form atol + rtol * |reference|, per dtype
+TOLERANCE = {
+    "float16": (1e-3, 1e-3),
+    "bfloat16": (1e-2, 8e-3),
+    "float32": (1e-6, 1e-6),
+    "float64": (1e-12, 1e-12),
+}
+
+
+def assert_close(actual, expected, dtype, scale=1.0):
+    atol, rtol = TOLERANCE[dtype]
+    actual = np.asarray(actual, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    bound = scale * (atol + rtol * np.abs(expected))
+    err = np.abs(actual - expected)
+    bad = ~(err <= bound)  # NaN counts as bad
+    assert not bad.any(), "%d of %d elements off; worst %g at %s (bound %g)" % (
+        bad.sum(), bad.size, err.max(), np.unravel_index(np.argmax(err), err.shape), bound.max())
+
+
+def torch_dtype(name):
+    import torch
+
+    return getattr(torch, name)
+
+
+def numpy_dtype(name):
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def random_values(rng, shape, dtype):
+    """Values every dtype holds exactly (so conversions are comparable)."""
+    if dtype == "bool":
+        return rng.integers(0, 2, size=shape).astype(np.bool_)
+    if dtype == "uint8":
+        return rng.integers(0, 256, size=shape).astype(np.uint8)
+    if dtype in INT_DTYPES:
+        info = np.iinfo(dtype)
+        return rng.integers(max(info.min, -(2**40)), min(info.max, 2**40), size=shape, endpoint=True).astype(dtype)
+    return rng.standard_normal(size=shape).astype(numpy_dtype(dtype))
+
+
+def random_strided_view(rng, base_shape, dtype):
+    """A NumPy array of random values viewed with random steps and offsets."""
+    full = random_values(rng, tuple(s * 2 + 1 for s in base_shape), dtype)
+    index = tuple(slice(int(rng.integers(0, 2)), None, int(rng.choice([1, 2, -1]))) for _ in base_shape)
+    view = full[index]
+    return view[tuple(slice(0, s) for s in base_shape)]
+
+
+def count_live(kind):
+    gc.collect()
+    return sum(1 for o in gc.get_objects() if type(o).__name__ == kind)
+
+
+# ---------------------------------------------------------------- DLPack
+
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+class DLPackVersion(ctypes.Structure):
+    _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32)]
+
+
+DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+class DLManagedTensorVersioned(ctypes.Structure):
+    _fields_ = [
+        ("version", DLPackVersion),
+        ("manager_ctx", ctypes.c_void_p),
+        ("deleter", DELETER),
+        ("flags", ctypes.c_uint64),
+        ("dl_tensor", DLTensor),
+    ]
+
+
+class DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", DELETER)]
+
+
+_PyCapsule_New = ctypes.pythonapi.PyCapsule_New
+_PyCapsule_New.restype = ctypes.py_object
+_PyCapsule_New.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+
+
+class SyntheticTensor:
+    """A DLPack producer built by hand, to test what real producers rarely
+    send: byte offsets, NULL strides, odd versions and flags, bad fields.
+    `deleted` counts deleter calls."""
+
+    def __init__(self, buffer, dtype_code, bits, shape, strides=None, byte_offset=0, device=(1, 0),
+                 versioned=True, version=(1, 1), flags=0, data=None, lanes=1, ndim=None):
+        self.buffer = buffer  # keeps the memory alive
+        self.deleted = 0
+        self._shape = (ctypes.c_int64 * max(len(shape), 1))(*shape)
+        self._strides = None if strides is None else (ctypes.c_int64 * max(len(strides), 1))(*strides)
+        if data is None:
+            data = ctypes.addressof(ctypes.c_char.from_buffer(buffer)) if len(memoryview(buffer)) else None
+        tensor = DLTensor(
+            data, DLDevice(*device), len(shape) if ndim is None else ndim, DLDataType(dtype_code, bits, lanes),
+            ctypes.cast(self._shape, ctypes.POINTER(ctypes.c_int64)),
+            ctypes.cast(self._strides, ctypes.POINTER(ctypes.c_int64)) if self._strides is not None else None,
+            byte_offset,
+        )
+
+        def on_delete(ptr):
+            self.deleted += 1
+
+        self._deleter = DELETER(on_delete)
+        if versioned:
+            self.managed = DLManagedTensorVersioned(DLPackVersion(*version), None, self._deleter, flags, tensor)
+            self.name = b"dltensor_versioned"
+        else:
+            self.managed = DLManagedTensor(tensor, None, self._deleter)
+            self.name = b"dltensor"
+
+    def capsule(self):
+        # no destructor: the test checks `deleted` to see who called it
+        return _PyCapsule_New(ctypes.addressof(self.managed), self.name, None)
+
+
+def capsule_name(capsule):
+    get_name = ctypes.pythonapi.PyCapsule_GetName
+    get_name.restype = ctypes.c_char_p
+    get_name.argtypes = [ctypes.py_object]
+    return get_name(capsule).decode()
+
+
+def refcount(obj):
+    return sys.getrefcount(obj)
