@@ -230,6 +230,163 @@ ga_status ga_cuda_pointer_info(const void *ptr, int *kind, int *device);
 ga_status ga_cuda_copy(int device, const ga_tensor *dst, const ga_tensor *src, ga_stream stream);
 ga_status ga_cuda_fill(int device, const ga_tensor *dst, ga_scalar value, ga_stream stream);
 
+/* ======================================================== matmul / linear */
+
+typedef enum { GA_ACT_NONE = 0, GA_ACT_RELU = 1, GA_ACT_GELU = 2 } ga_activation;
+
+/* A batch of matrices: element (b, i, j) lives at
+ *   data + (b * batch_stride + i * row_stride + j * col_stride) * itemsize
+ * (strides in elements; a transposed operand simply has row_stride 1;
+ * batch_stride 0 uses one matrix for every batch entry). */
+typedef struct {
+    void *data;
+    ga_dtype dtype;
+    int64_t rows, cols;
+    int64_t row_stride, col_stride, batch_stride;
+} ga_matrix;
+
+/* D[b] = epilogue(A[b] @ B[b]) for b < batch.
+ *
+ * dtypes: A and B alike, one of float16, bfloat16 (accumulated in float32),
+ * float32 (accumulated in float32; TF32 tensor cores on CUDA when
+ * allow_tf32), float64.  D: A's dtype, or float32 for 16-bit inputs.
+ *
+ * Forward epilogue (any of): z = A@B + bias (bias broadcast over rows);
+ * preact <- z; D <- act(z).
+ * Backward epilogue (instead of the forward one): D <- (A@B) * act'(dact_aux),
+ * the gradient through the activation of the layer whose input gradient
+ * this GEMM computes; col_sums <- sum of D over rows (and batch), its bias
+ * gradient.
+ * a_row_sums (with no epilogue, batch 1): s[i] = sum_k A[i, k] — the bias
+ * gradient fused into the weight-gradient GEMM dW = dZ^T @ X.
+ * Sums accumulate in float32 (float64 for float64). */
+typedef struct {
+    int64_t batch;
+    ga_matrix a;                 /* M x K */
+    ga_matrix b;                 /* K x N */
+    ga_matrix d;                 /* M x N, written */
+    const void *bias;            /* N values, or NULL */
+    ga_dtype bias_dtype;         /* A's or D's dtype */
+    ga_activation activation;
+    ga_matrix preact;            /* written when .data is set; D's dtype */
+    ga_activation dact;          /* GA_ACT_NONE: no backward epilogue */
+    ga_matrix dact_aux;          /* M x N: z (gelu, relu) or y = relu(z) (relu) */
+    void *col_sums;              /* N values, or NULL */
+    ga_dtype col_sums_dtype;     /* float32 or D's dtype */
+    void *a_row_sums;            /* M values, or NULL */
+    ga_dtype a_row_sums_dtype;   /* float32 or D's dtype */
+    int allow_tf32;
+    int deterministic;           /* same bits every run: no split-K/atomic reductions */
+} ga_matmul_desc;
+
+/* What a CUDA op did, for gpuaccel.matmul_stats() / conv_stats(). */
+typedef struct {
+    int fused;       /* 1: the epilogue ran inside the library call */
+    int fallback;    /* 1: an unfused path (plain GEMM/conv + gpuaccel's own kernel) ran */
+    int cache_hit;   /* 1: the plan came from the per-process cache */
+    int tuned;       /* 1: candidate plans were timed on this call */
+} ga_op_report;
+
+ga_status ga_cpu_matmul(const ga_matmul_desc *desc);
+ga_status ga_cuda_matmul(int device, const ga_matmul_desc *desc, void *workspace,
+                         size_t workspace_size, ga_stream stream, ga_op_report *report);
+/* The cuBLASLt workspace gpuaccel gives each (device, stream): 32 MiB on
+ * Hopper and newer, 4 MiB below. */
+size_t ga_cuda_matmul_workspace_size(int device);
+
+/* ----------------------------------------------- elementwise epilogues */
+
+/* y = act(x + bias[c]) with c the index along channel_dim (bias may be NULL);
+ * preact <- x + bias when preact.data is set.  x, y, preact: one shape, any
+ * strides, any float dtypes; y may be x itself. */
+typedef struct {
+    ga_tensor x;
+    ga_tensor y;
+    ga_tensor preact;
+    const void *bias;
+    ga_dtype bias_dtype;
+    int channel_dim;
+    ga_activation activation;
+} ga_bias_act_desc;
+
+/* dz = grad_y * act'(aux) (dz = grad_y for GA_ACT_NONE; dz may be grad_y
+ * itself, and with dz.data NULL only bias_grad is computed); bias_grad[c]
+ * <- sum of dz over every dim but channel_dim, in a fixed order
+ * (deterministic whatever the thread count), accumulated in float32
+ * (float64 for float64).  For relu, aux may be z or y = relu(z) (their
+ * signs agree). */
+typedef struct {
+    ga_tensor grad_y;
+    ga_tensor aux;
+    ga_tensor dz;
+    ga_activation activation;
+    void *bias_grad;
+    ga_dtype bias_grad_dtype;
+    int channel_dim;
+} ga_act_backward_desc;
+
+ga_status ga_cpu_bias_activation(const ga_bias_act_desc *desc);
+ga_status ga_cpu_activation_backward(const ga_act_backward_desc *desc);
+ga_status ga_cuda_bias_activation(int device, const ga_bias_act_desc *desc, ga_stream stream);
+ga_status ga_cuda_activation_backward(int device, const ga_act_backward_desc *desc,
+                                      ga_stream stream);
+
+/* ================================================================ conv2d */
+
+typedef struct {
+    int stride[2], padding[2], dilation[2]; /* (height, width) */
+    int groups;
+    int allow_tf32;
+    int deterministic;
+} ga_conv_geometry;
+
+/* Tensors are described in logical NCHW order — x: (N, C, H, W), w: (K,
+ * C/groups, R, S), y: (N, K, P, Q) — and their strides give the memory
+ * layout: NCHW, or channels-last NHWC (C has stride 1), or anything else.
+ * P = (H + 2*pad_h - dil_h*(R-1) - 1) / stride_h + 1, likewise Q.
+ * Forward: z = conv(x, w) + bias[k]; preact <- z; y <- act(z).  The same
+ * float dtype throughout (float16/bfloat16 accumulate in float32). */
+typedef struct {
+    ga_conv_geometry geom;
+    ga_tensor x, w, y;
+    const void *bias;      /* K values of x's dtype, or NULL */
+    ga_activation activation;
+    ga_tensor preact;      /* written when .data is set */
+} ga_conv_desc;
+
+/* The per-shape engine choice of cuDNN, persisted by gpuaccel between
+ * processes: `preferred` (in) is a choice read back from the tuning file,
+ * `chosen` (out) the one used, to be written there. */
+typedef struct {
+    const char *preferred;
+    char chosen[256];
+    ga_op_report report;
+} ga_conv_tuning;
+
+ga_status ga_cpu_conv2d_forward(const ga_conv_desc *desc);
+/* dx = conv_transpose(dy, w) */
+ga_status ga_cpu_conv2d_backward_data(const ga_conv_geometry *geom, const ga_tensor *dy,
+                                      const ga_tensor *w, const ga_tensor *dx);
+/* dw = correlation of x with dy */
+ga_status ga_cpu_conv2d_backward_filter(const ga_conv_geometry *geom, const ga_tensor *x,
+                                        const ga_tensor *dy, const ga_tensor *dw);
+
+ga_status ga_cuda_conv2d_forward(int device, const ga_conv_desc *desc, void *workspace,
+                                 size_t workspace_size, ga_stream stream, ga_conv_tuning *tuning);
+ga_status ga_cuda_conv2d_backward_data(int device, const ga_conv_geometry *geom,
+                                       const ga_tensor *dy, const ga_tensor *w, const ga_tensor *dx,
+                                       void *workspace, size_t workspace_size, ga_stream stream,
+                                       ga_conv_tuning *tuning);
+ga_status ga_cuda_conv2d_backward_filter(int device, const ga_conv_geometry *geom,
+                                         const ga_tensor *x, const ga_tensor *dy,
+                                         const ga_tensor *dw, void *workspace,
+                                         size_t workspace_size, ga_stream stream,
+                                         ga_conv_tuning *tuning);
+
+/* Hits and misses of the per-process plan caches (cuBLASLt and cuDNN). */
+void ga_cuda_plan_cache_stats(uint64_t *matmul_hits, uint64_t *matmul_misses,
+                              uint64_t *conv_hits, uint64_t *conv_misses);
+
 #ifdef __cplusplus
 }
 #endif

@@ -182,3 +182,64 @@ ga_status ga_cuda_fill(int device, const ga_tensor *dst, ga_scalar value, ga_str
     (void)device, (void)dst, (void)value, (void)s;
     return GA_NO_CUDA;
 }
+
+ga_status ga_cuda_matmul(int device, const ga_matmul_desc *desc, void *workspace,
+                         size_t workspace_size, ga_stream stream, ga_op_report *report)
+{
+    (void)device, (void)desc, (void)workspace, (void)workspace_size, (void)stream;
+    memset(report, 0, sizeof *report);
+    return GA_NO_CUDA;
+}
+
+size_t ga_cuda_matmul_workspace_size(int device)
+{
+    (void)device;
+    return 0;
+}
+
+ga_status ga_cuda_bias_activation(int device, const ga_bias_act_desc *desc, ga_stream stream)
+{
+    (void)device, (void)desc, (void)stream;
+    return GA_NO_CUDA;
+}
+
+ga_status ga_cuda_activation_backward(int device, const ga_act_backward_desc *desc,
+                                      ga_stream stream)
+{
+    (void)device, (void)desc, (void)stream;
+    return GA_NO_CUDA;
+}
+
+ga_status ga_cuda_conv2d_forward(int device, const ga_conv_desc *desc, void *workspace,
+                                 size_t workspace_size, ga_stream stream, ga_conv_tuning *tuning)
+{
+    (void)device, (void)desc, (void)workspace, (void)workspace_size, (void)stream, (void)tuning;
+    return GA_NO_CUDA;
+}
+
+ga_status ga_cuda_conv2d_backward_data(int device, const ga_conv_geometry *geom,
+                                       const ga_tensor *dy, const ga_tensor *w, const ga_tensor *dx,
+                                       void *workspace, size_t workspace_size, ga_stream stream,
+                                       ga_conv_tuning *tuning)
+{
+    (void)device, (void)geom, (void)dy, (void)w, (void)dx, (void)workspace, (void)workspace_size,
+        (void)stream, (void)tuning;
+    return GA_NO_CUDA;
+}
+
+ga_status ga_cuda_conv2d_backward_filter(int device, const ga_conv_geometry *geom,
+                                         const ga_tensor *x, const ga_tensor *dy,
+                                         const ga_tensor *dw, void *workspace,
+                                         size_t workspace_size, ga_stream stream,
+                                         ga_conv_tuning *tuning)
+{
+    (void)device, (void)geom, (void)x, (void)dy, (void)dw, (void)workspace, (void)workspace_size,
+        (void)stream, (void)tuning;
+    return GA_NO_CUDA;
+}
+
+void ga_cuda_plan_cache_stats(uint64_t *matmul_hits, uint64_t *matmul_misses,
+                              uint64_t *conv_hits, uint64_t *conv_misses)
+{
+    *matmul_hits = *matmul_misses = *conv_hits = *conv_misses = 0;
+}

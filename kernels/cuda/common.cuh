@@ -35,6 +35,53 @@ static inline ga_status ga_cuda_error(cudaError_t err, const char *call, const c
             return ga_cuda_error(ga_err_, #call, __FILE__, __LINE__);           \
     } while (0)
 
+/* cuBLASLt and cuDNN statuses become ga_status the same way.  These are
+ * macros over the library headers, so a file that uses them includes
+ * <cublasLt.h> / <cudnn.h> before this header. */
+#ifdef CUBLAS_VER_MAJOR
+static inline ga_status ga_cublas_error(cublasStatus_t status, const char *call, const char *file,
+                                        int line)
+{
+    if (status == CUBLAS_STATUS_SUCCESS)
+        return ga_ok();
+    ga_error kind = status == CUBLAS_STATUS_ALLOC_FAILED ? GA_ERR_OUT_OF_MEMORY : GA_ERR_CUBLAS;
+    return ga_status_make(kind, (int)status, cublasLtGetStatusName(status),
+                          cublasLtGetStatusString(status), call, file, line);
+}
+
+#define GA_CUBLAS_TRY(call)                                                      \
+    do {                                                                        \
+        cublasStatus_t ga_cublas_ = (call);                                     \
+        if (ga_cublas_ != CUBLAS_STATUS_SUCCESS)                                \
+            return ga_cublas_error(ga_cublas_, #call, __FILE__, __LINE__);      \
+    } while (0)
+#endif
+
+#ifdef CUDNN_MAJOR
+/* cuDNN explains most failures in its last-error string: keep it (per
+ * thread) so the Python exception can show it. */
+static inline ga_status ga_cudnn_error(cudnnStatus_t status, const char *call, const char *file,
+                                       int line)
+{
+    static thread_local char detail[512];
+    if (status == CUDNN_STATUS_SUCCESS)
+        return ga_ok();
+    detail[0] = '\0';
+    cudnnGetLastErrorString(detail, sizeof detail);
+    const char *message = detail[0] ? detail : cudnnGetErrorString(status);
+    ga_error kind = status == CUDNN_STATUS_ALLOC_FAILED ? GA_ERR_OUT_OF_MEMORY : GA_ERR_CUDNN;
+    return ga_status_make(kind, (int)status, cudnnGetErrorString(status), message, call, file,
+                          line);
+}
+
+#define GA_CUDNN_TRY(call)                                                       \
+    do {                                                                        \
+        cudnnStatus_t ga_cudnn_ = (call);                                       \
+        if (ga_cudnn_ != CUDNN_STATUS_SUCCESS)                                  \
+            return ga_cudnn_error(ga_cudnn_, #call, __FILE__, __LINE__);        \
+    } while (0)
+#endif
+
 /* After a kernel launch: launch-configuration errors surface here. */
 #define GA_CUDA_LAUNCH_CHECK(kernel_name)                                        \
     do {                                                                        \
