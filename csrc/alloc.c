@@ -113,8 +113,8 @@ static ga_status oom_status(ga_error kind, const char *text)
 
 /* A limit would be exceeded: "out of memory on cuda:0: allocating X would
  * exceed the limit of Y set with set_memory_limit() (Z already allocated)". */
-static int raise_limit(ga_state *st, ga_counters *c, const char *where, uint64_t in_use,
-                       size_t size, ga_error kind)
+static ga_status limit_status(ga_counters *c, const char *where, uint64_t in_use, size_t size,
+                              ga_error kind)
 {
     char want[32], limit[32], used[32], text[512];
     snprintf(text, sizeof text,
@@ -124,7 +124,7 @@ static int raise_limit(ga_state *st, ga_counters *c, const char *where, uint64_t
              ga_format_bytes(c->limit, limit, sizeof limit),
              ga_format_bytes(in_use, used, sizeof used));
     c->num_ooms++;
-    return ga_raise(st, oom_status(kind, text));
+    return oom_status(kind, text);
 }
 
 /* --------------------------------------------------------------- pinned */
@@ -198,34 +198,34 @@ static uint64_t pinned_release_ready(void)
 
 /* ---------------------------------------------------------------- alloc */
 
-static int alloc_host(ga_state *st, ga_block *b, size_t size)
+static ga_status alloc_host(ga_block *b, size_t size)
 {
     ga_counters *c = &host_counters;
     uint64_t in_use = host_counters.allocated + pinned_counters.allocated;
     if (c->limit && in_use + size > c->limit)
-        return raise_limit(st, c, "cpu", in_use, size, GA_ERR_HOST_OUT_OF_MEMORY);
+        return limit_status(c, "cpu", in_use, size, GA_ERR_HOST_OUT_OF_MEMORY);
     void *ptr = NULL;
     if (size > 0 && posix_memalign(&ptr, GA_HOST_ALIGNMENT, size) != 0) {
         char want[32], text[256];
         snprintf(text, sizeof text, "could not allocate %s of host memory",
                  ga_format_bytes(size, want, sizeof want));
         c->num_ooms++;
-        return ga_raise(st, oom_status(GA_ERR_HOST_OUT_OF_MEMORY, text));
+        return oom_status(GA_ERR_HOST_OUT_OF_MEMORY, text);
     }
     b->ptr = ptr;
     b->capacity = size;
     count_alloc(c, size);
-    return 0;
+    return ga_ok();
 }
 
-static int alloc_pinned(ga_state *st, ga_block *b, size_t size)
+static ga_status alloc_pinned(ga_block *b, size_t size)
 {
     size_t capacity = 0;
     int cls = size ? pinned_class(size, &capacity) : 0;
     uint64_t in_use = host_counters.allocated + pinned_counters.allocated;
     if (host_counters.limit && in_use + capacity > host_counters.limit)
-        return raise_limit(st, &host_counters, "cpu (pinned)", in_use, capacity,
-                           GA_ERR_HOST_OUT_OF_MEMORY);
+        return limit_status(&host_counters, "cpu (pinned)", in_use, capacity,
+                            GA_ERR_HOST_OUT_OF_MEMORY);
     void *ptr = NULL;
     if (size > 0) {
         ptr = pinned_take_cached(cls);
@@ -235,17 +235,17 @@ static int alloc_pinned(ga_state *st, ga_block *b, size_t size)
                 status = ga_cuda_host_alloc(capacity, &ptr);
             if (status.error) {
                 pinned_counters.num_ooms += status.error == GA_ERR_OUT_OF_MEMORY;
-                return ga_raise(st, status);
+                return status;
             }
         }
     }
     b->ptr = ptr;
     b->capacity = capacity;
     count_alloc(&pinned_counters, capacity);
-    return 0;
+    return ga_ok();
 }
 
-static int raise_device_oom(ga_state *st, int device, size_t size, ga_status cause)
+static ga_status device_oom_status(int device, size_t size, ga_status cause)
 {
     ga_counters *c = &device_counters[device];
     uint64_t reserved = 0, peak = 0, free_b = 0, total_b = 0;
@@ -263,16 +263,16 @@ static int raise_device_oom(ga_state *st, int device, size_t size, ga_status cau
     c->num_ooms++;
     ga_status status = oom_status(GA_ERR_OUT_OF_MEMORY, text);
     status.code = cause.code;
-    return ga_raise(st, status);
+    return status;
 }
 
-static int alloc_device(ga_state *st, ga_block *b, int device, size_t size, ga_stream stream)
+static ga_status alloc_device(ga_block *b, int device, size_t size, ga_stream stream)
 {
     ga_counters *c = &device_counters[device];
     char where[32];
     snprintf(where, sizeof where, "cuda:%d", device);
     if (c->limit && c->allocated + size > c->limit)
-        return raise_limit(st, c, where, c->allocated, size, GA_ERR_OUT_OF_MEMORY);
+        return limit_status(c, where, c->allocated, size, GA_ERR_OUT_OF_MEMORY);
     void *ptr = NULL;
     ga_status status = ga_cuda_malloc_async(device, size, stream, &ptr);
     if (status.error == GA_ERR_OUT_OF_MEMORY) {
@@ -280,41 +280,77 @@ static int alloc_device(ga_state *st, ga_block *b, int device, size_t size, ga_s
         ga_cuda_pool_trim(device);
         status = ga_cuda_malloc_async(device, size, stream, &ptr);
         if (status.error == GA_ERR_OUT_OF_MEMORY)
-            return raise_device_oom(st, device, size, status);
+            return device_oom_status(device, size, status);
     }
     if (status.error)
-        return ga_raise(st, status);
+        return status;
     device_pool_used[device] = 1;
     b->ptr = ptr;
     b->capacity = size;
     b->stream = stream;
     count_alloc(c, size);
-    return 0;
+    return ga_ok();
+}
+
+ga_status ga_block_alloc_status(ga_mem_kind kind, int device, size_t size, ga_stream stream,
+                                ga_block **out)
+{
+    *out = NULL;
+    if (kind == GA_MEM_DEVICE && (device < 0 || device >= GA_MAX_DEVICES))
+        return GA_STATUS(GA_ERR_INVALID_VALUE, "CUDA device ordinal out of range");
+    ga_block *b = calloc(1, sizeof *b);
+    if (!b)
+        return oom_status(GA_ERR_HOST_OUT_OF_MEMORY, "could not allocate a block record");
+    b->kind = kind;
+    b->device = kind == GA_MEM_DEVICE ? device : -1;
+    b->size = size;
+    pthread_mutex_lock(&alloc_lock);
+    ga_status status = kind == GA_MEM_HOST     ? alloc_host(b, size)
+                       : kind == GA_MEM_PINNED ? alloc_pinned(b, size)
+                                               : alloc_device(b, device, size, stream);
+    pthread_mutex_unlock(&alloc_lock);
+    if (status.error) {
+        free(b);
+        return status;
+    }
+    *out = b;
+    return ga_ok();
 }
 
 ga_block *ga_block_alloc(ga_state *st, ga_mem_kind kind, int device, size_t size,
                          ga_stream stream)
 {
-    if (kind == GA_MEM_DEVICE && (device < 0 || device >= GA_MAX_DEVICES)) {
-        PyErr_Format(PyExc_ValueError, "CUDA device ordinal %d out of range", device);
-        return NULL;
-    }
-    ga_block *b = calloc(1, sizeof *b);
-    if (!b)
-        return (ga_block *)PyErr_NoMemory();
-    b->kind = kind;
-    b->device = kind == GA_MEM_DEVICE ? device : -1;
-    b->size = size;
-    pthread_mutex_lock(&alloc_lock);
-    int rc = kind == GA_MEM_HOST     ? alloc_host(st, b, size)
-             : kind == GA_MEM_PINNED ? alloc_pinned(st, b, size)
-                                     : alloc_device(st, b, device, size, stream);
-    pthread_mutex_unlock(&alloc_lock);
-    if (rc < 0) {
-        free(b);
+    ga_block *b;
+    ga_status status = ga_block_alloc_status(kind, device, size, stream, &b);
+    if (status.error) {
+        ga_raise(st, status);
         return NULL;
     }
     return b;
+}
+
+ga_status ga_block_set_ready(ga_block *b, ga_stream stream)
+{
+    if (!b || b->kind != GA_MEM_DEVICE || !b->ptr)
+        return ga_ok();
+    pthread_mutex_lock(&alloc_lock);
+    ga_status status = ga_ok();
+    if (!b->ready)
+        status = event_get(b->device, &b->ready);
+    if (!status.error)
+        status = ga_cuda_event_record(b->device, b->ready, stream);
+    pthread_mutex_unlock(&alloc_lock);
+    return status;
+}
+
+/* Makes `stream` wait for the point where the block's memory became valid:
+ * its ready event when the producer set one, else the allocation stream.
+ * Called with alloc_lock held. */
+static ga_status wait_until_valid(ga_block *b, ga_stream stream)
+{
+    if (b->ready)
+        return ga_cuda_stream_wait_event(b->device, stream, b->ready);
+    return ga_cuda_stream_wait_stream(b->device, stream, b->stream);
 }
 
 int ga_block_prepare_use(ga_state *st, ga_block *b, int device, ga_stream stream)
@@ -325,10 +361,8 @@ int ga_block_prepare_use(ga_state *st, ga_block *b, int device, ga_stream stream
     int known = 0;
     for (int k = 0; k < b->n_uses; k++)
         known |= same_stream(b->use_streams[k], stream) && b->use_devices[k] == device;
+    ga_status status = known ? ga_ok() : wait_until_valid(b, stream);
     pthread_mutex_unlock(&alloc_lock);
-    if (known)
-        return 0;
-    ga_status status = ga_cuda_stream_wait_stream(b->device, stream, b->stream);
     return status.error ? ga_raise(st, status) : 0;
 }
 
@@ -393,7 +427,7 @@ ga_status ga_block_wait_all(ga_block *b, int device, ga_stream stream)
     if (!b || b->kind != GA_MEM_DEVICE || !b->ptr)
         return status;
     pthread_mutex_lock(&alloc_lock);
-    status = ga_cuda_stream_wait_stream(b->device, stream, b->stream);
+    status = wait_until_valid(b, stream);
     for (int k = 0; k < b->n_uses && !status.error; k++)
         if (!same_stream(b->use_streams[k], stream) || b->use_devices[k] != device)
             status = ga_cuda_stream_wait_event(device, stream, b->use_events[k]);
@@ -451,6 +485,10 @@ void ga_block_free(ga_block *b)
         count_free(&pinned_counters, b->capacity);
         break;
     case GA_MEM_DEVICE:
+        if (b->ready) {
+            event_put(b->device, b->ready);
+            b->ready = NULL;
+        }
         for (int k = 0; k < b->n_uses && !status.error; k++) {
             status = ga_cuda_stream_wait_event(b->device, b->stream, b->use_events[k]);
             event_put(b->use_devices[k], b->use_events[k]);

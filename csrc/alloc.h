@@ -31,7 +31,20 @@ typedef struct {
     ga_stream use_streams[GA_BLOCK_MAX_USES];
     ga_event use_events[GA_BLOCK_MAX_USES];
     int use_devices[GA_BLOCK_MAX_USES];
+    /* DEVICE: recorded where the contents became valid, when the producer
+     * knows that point better than "the allocation stream's tail" (the
+     * loader's copy stream holds later batches too); NULL otherwise */
+    ga_event ready;
 } ga_block;
+
+/* The same without Python (for threads that do not hold the GIL): returns
+ * the status instead of raising. */
+ga_status ga_block_alloc_status(ga_mem_kind kind, int device, size_t size, ga_stream stream,
+                                ga_block **out);
+
+/* Records, on `stream`, the point where the block's contents became valid
+ * (see ga_block.ready).  No GIL needed. */
+ga_status ga_block_set_ready(ga_block *block, ga_stream stream);
 
 /* Allocates `size` bytes (NULL ptr for 0 bytes).  Raises OutOfMemoryError
  * naming the request, what is in use and the limit; returns NULL then. */

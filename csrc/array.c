@@ -221,6 +221,27 @@ ArrayObject *ga_array_empty(ga_state *st, ga_dtype dtype, int ndim, const int64_
     return a;
 }
 
+ArrayObject *ga_array_from_block(ga_state *st, ga_block *block, ga_dtype dtype, int ndim,
+                                 const int64_t *shape, ga_device device, int flags)
+{
+    int64_t numel;
+    ArrayObject *a = ga_check_shape(dtype, ndim, shape, &numel) == 0 ? array_alloc(st) : NULL;
+    if (!a) {
+        ga_block_free(block);
+        return NULL;
+    }
+    a->data = block->ptr;
+    a->dtype = dtype;
+    a->ndim = ndim;
+    a->device = device;
+    a->flags = flags;
+    memcpy(a->shape, shape, (size_t)ndim * sizeof(int64_t));
+    contiguous_strides(ndim, shape, (int64_t)ga_dtype_itemsize(dtype), a->strides);
+    a->block = block;
+    a->owns_block = 1;
+    return a;
+}
+
 ArrayObject *ga_array_wrap(ga_state *st, void *data, ga_dtype dtype, int ndim,
                            const int64_t *shape, const int64_t *strides, ga_device device,
                            int flags, PyObject *owner)

@@ -38,6 +38,7 @@ typedef struct {
 } ArrayObject;
 
 extern PyType_Spec ga_array_spec;
+extern PyType_Spec ga_loader_iter_spec;
 
 static inline int ga_is_array(ga_state *st, PyObject *obj)
 {
@@ -66,6 +67,10 @@ ArrayObject *ga_array_empty(ga_state *st, ga_dtype dtype, int ndim, const int64_
 ArrayObject *ga_array_wrap(ga_state *st, void *data, ga_dtype dtype, int ndim,
                            const int64_t *shape, const int64_t *strides, ga_device device,
                            int flags, PyObject *owner);
+/* A C-contiguous root array over a block from ga_block_alloc_status (it
+ * takes the block over: it frees it on dealloc; on failure too). */
+ArrayObject *ga_array_from_block(ga_state *st, ga_block *block, ga_dtype dtype, int ndim,
+                                 const int64_t *shape, ga_device device, int flags);
 /* An array over the memory of a consumed DLPack tensor, whose deleter it
  * calls when the last view of it goes. */
 ArrayObject *ga_array_from_dlpack_tensor(ga_state *st, void *managed, int versioned, void *data,

@@ -82,7 +82,8 @@ static int module_exec(PyObject *module)
     if (!(st->DeviceType = add_type(module, &ga_device_spec)) ||
         !(st->StreamType = add_type(module, &ga_stream_spec)) ||
         !(st->EventType = add_type(module, &ga_event_spec)) ||
-        !(st->ArrayType = add_type(module, &ga_array_spec)))
+        !(st->ArrayType = add_type(module, &ga_array_spec)) ||
+        !(st->LoaderIterType = add_type(module, &ga_loader_iter_spec)))
         return -1;
     st->current_stream = PyContextVar_New("gpuaccel.current_stream", NULL);
     if (!st->current_stream)
@@ -111,6 +112,7 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->DeviceType);
     Py_VISIT(st->StreamType);
     Py_VISIT(st->EventType);
+    Py_VISIT(st->LoaderIterType);
     Py_VISIT(st->CudaError);
     Py_VISIT(st->OutOfMemoryError);
     Py_VISIT(st->CublasError);
@@ -135,6 +137,7 @@ static int module_clear(PyObject *module)
     Py_CLEAR(st->DeviceType);
     Py_CLEAR(st->StreamType);
     Py_CLEAR(st->EventType);
+    Py_CLEAR(st->LoaderIterType);
     Py_CLEAR(st->CudaError);
     Py_CLEAR(st->OutOfMemoryError);
     Py_CLEAR(st->CublasError);

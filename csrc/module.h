@@ -16,6 +16,7 @@ typedef struct {
     PyTypeObject *DeviceType;
     PyTypeObject *StreamType;
     PyTypeObject *EventType;
+    PyTypeObject *LoaderIterType;
     PyObject *CudaError;
     PyObject *OutOfMemoryError;
     PyObject *CublasError;

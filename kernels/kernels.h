@@ -13,6 +13,7 @@
 #ifndef GPUACCEL_KERNELS_H
 #define GPUACCEL_KERNELS_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -386,6 +387,42 @@ ga_status ga_cuda_conv2d_backward_filter(int device, const ga_conv_geometry *geo
 /* Hits and misses of the per-process plan caches (cuBLASLt and cuDNN). */
 void ga_cuda_plan_cache_stats(uint64_t *matmul_hits, uint64_t *matmul_misses,
                               uint64_t *conv_hits, uint64_t *conv_misses);
+
+/* ================================================================ loader */
+
+#define GA_NORMALIZE_MAX_CHANNELS 64
+
+/* The loader's image transform: src is n images of h x w x c uint8 (dense,
+ * channels last); out = fma(x, scale[ch], shift[ch]) — in float (in double
+ * for a float64 output) — converted to `dtype`, written dense as
+ * n x c x h x w (nchw) or n x h x w x c.
+ * (scale = factor/std, shift = -mean/std: (x*factor - mean)/std.) */
+typedef struct {
+    const uint8_t *src;
+    void *dst;
+    ga_dtype dtype;
+    int64_t n, h, w, c;
+    int nchw;
+    double scale[GA_NORMALIZE_MAX_CHANNELS];
+    double shift[GA_NORMALIZE_MAX_CHANNELS];
+} ga_normalize_desc;
+
+/* The one formula both backends use. */
+GA_HD double ga_normalize_value(const ga_normalize_desc *d, uint8_t x, int64_t ch)
+{
+#ifdef __CUDA_ARCH__
+    if (d->dtype == GA_FLOAT64)
+        return __fma_rn((double)x, d->scale[ch], d->shift[ch]);
+    return (double)__fmaf_rn((float)x, (float)d->scale[ch], (float)d->shift[ch]);
+#else
+    if (d->dtype == GA_FLOAT64)
+        return fma((double)x, d->scale[ch], d->shift[ch]);
+    return (double)fmaf((float)x, (float)d->scale[ch], (float)d->shift[ch]);
+#endif
+}
+
+ga_status ga_cpu_normalize_images(const ga_normalize_desc *desc);
+ga_status ga_cuda_normalize_images(int device, const ga_normalize_desc *desc, ga_stream stream);
 
 #ifdef __cplusplus
 }

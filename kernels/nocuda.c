@@ -243,3 +243,9 @@ void ga_cuda_plan_cache_stats(uint64_t *matmul_hits, uint64_t *matmul_misses,
 {
     *matmul_hits = *matmul_misses = *conv_hits = *conv_misses = 0;
 }
+
+ga_status ga_cuda_normalize_images(int device, const ga_normalize_desc *desc, ga_stream stream)
+{
+    (void)device, (void)desc, (void)stream;
+    return GA_NO_CUDA;
+}

@@ -1,0 +1,928 @@
+/*
+ * loader.c — the engine of gpuaccel.PinnedLoader (gpuaccel/loader.py holds
+ * the Python side: arguments, epochs, shards, torch, progress bars).
+ *
+ * One _LoaderIter per epoch.  Native worker threads (no GIL) take the
+ * epoch's batches in order; for each, a ring slot provides pinned staging
+ * buffers allocated once with the iterator.  The workers gather rows into
+ * them in chunks, then the worker finishing a batch queues the
+ * host-to-device copies and the fused normalize kernel on the device's
+ * loader copy stream and records the batch's event.  __next__ waits only
+ * for the workers (never for the GPU), makes the consumer's stream wait on
+ * that event, and returns.
+ *
+ * Outputs stay valid while the user holds them: every batch's outputs are
+ * fresh blocks from gpuaccel's stream-ordered pool, allocated on the copy
+ * stream and marked ready by the batch's event; when the consumer drops
+ * them, the free waits for the consumer streams that used them (recorded by
+ * gpuaccel's ops and by the DLPack deleter when torch lets go).
+ *
+ * On the CPU device the workers write straight into the outputs (pinned
+ * when CUDA is usable), applying the transform with the C loop.
+ */
+#include "npy.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "array.h"
+
+#define GA_LOADER_MAX_SOURCES 16
+#define GA_LOADER_MAX_THREADS 64
+#define GA_MAX_DEVICES 64
+/* rows gathered per task: enough bytes that handing out a task is cheap */
+#define GA_LOADER_CHUNK_BYTES (256 * 1024)
+
+typedef struct {
+    int is_file;
+    const char *base;    /* memory: row 0 */
+    int64_t row_stride; /* memory: bytes from one row to the next */
+    int fd;              /* file */
+    int64_t offset;      /* file: byte offset of row 0 */
+    int64_t file_size;   /* file: size when opened */
+    char path[512];      /* file, for messages */
+    int64_t nrows;
+    int64_t row_bytes;
+    ga_dtype dtype;
+    int row_ndim;
+    int64_t row_shape[GA_MAX_NDIM];
+} loader_source;
+
+typedef struct {
+    ga_block *pinned[GA_LOADER_MAX_SOURCES]; /* CUDA: host staging, one per source */
+    ga_block *staging;                      /* CUDA + transform: raw rows of source 0 */
+    ga_event copy_start, copied;            /* CUDA: around the batch's copies */
+    int copied_pending;                     /* copied was recorded and not yet waited for */
+    int64_t batch;                          /* the batch held, -1 when free */
+    int64_t rows;
+    int64_t nchunks, next_chunk, done_chunks;
+    int opening;                            /* a worker is preparing the slot */
+    int ready;                              /* outputs complete (CPU) or queued (CUDA) */
+    ga_block *out[GA_LOADER_MAX_SOURCES];
+} loader_slot;
+
+typedef struct {
+    PyObject_HEAD
+    int nsources;
+    loader_source src[GA_LOADER_MAX_SOURCES];
+    PyObject *owners;      /* the NumPy arrays backing memory sources */
+    PyObject *indices_obj; /* int64 NumPy array: the epoch's samples, in order */
+    const int64_t *indices;
+    int64_t nindices;
+    int64_t batch_size;
+    int64_t num_batches;
+    int64_t next_out;  /* next batch __next__ returns */
+    int64_t next_fill; /* next batch a worker opens */
+    int has_transform;
+    ga_normalize_desc transform; /* src/dst/n filled per batch */
+    int64_t transform_row_bytes;
+    ga_device device;
+    int pinned_out;
+    ga_stream copy_stream;
+    int nslots;
+    loader_slot *slots;
+    int nthreads, started_threads;
+    pthread_t threads[GA_LOADER_MAX_THREADS];
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv, ready_cv;
+    int stopping;
+    int closed;
+    int has_error;
+    ga_status error_status; /* GA_OK with error_errno for I/O errors */
+    int error_errno;
+    char error_text[768];
+    /* statistics (under mu) */
+    int64_t batches_out, samples_out;
+    double gather_seconds, copy_seconds, wait_seconds, started_at;
+} LoaderIterObject;
+
+static double now_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ------------------------------------------------------------ errors */
+
+/* Keeps the first error (with its message copied: a status's message may
+ * live in the worker's thread-local storage) and stops the workers. */
+static void fail(LoaderIterObject *it, ga_status status, int err, const char *text)
+{
+    pthread_mutex_lock(&it->mu);
+    if (!it->has_error) {
+        it->has_error = 1;
+        it->error_status = status;
+        it->error_errno = err;
+        snprintf(it->error_text, sizeof it->error_text, "%s",
+                 text ? text : status.message ? status.message : "unknown error");
+        it->error_status.message = it->error_text;
+    }
+    it->stopping = 1;
+    pthread_cond_broadcast(&it->work_cv);
+    pthread_cond_broadcast(&it->ready_cv);
+    pthread_mutex_unlock(&it->mu);
+}
+
+static PyObject *raise_worker_error(ga_state *st, LoaderIterObject *it)
+{
+    if (it->error_status.error) {
+        ga_raise(st, it->error_status);
+    } else {
+        PyObject *args = Py_BuildValue("(is)", it->error_errno, it->error_text);
+        if (args) {
+            PyErr_SetObject(PyExc_OSError, args);
+            Py_DECREF(args);
+        }
+    }
+    return NULL;
+}
+
+/* ------------------------------------------------------------ gather */
+
+/* Reads `size` bytes at `offset` of a source file, however many calls it
+ * takes; a short file is an error, not a silent partial row. */
+static int read_file(LoaderIterObject *it, const loader_source *s, char *dst, int64_t offset,
+                     int64_t size, int64_t first_row)
+{
+    int64_t done = 0;
+    while (done < size) {
+        ssize_t n = pread(s->fd, dst + done, (size_t)(size - done), (off_t)(offset + done));
+        if (n < 0 && errno == EINTR)
+            continue;
+        char text[700];
+        if (n < 0) {
+            int err = errno;
+            snprintf(text, sizeof text, "reading row %lld of '%s' failed: %s",
+                     (long long)first_row, s->path, strerror(err));
+            fail(it, ga_ok(), err, text);
+            return -1;
+        }
+        if (n == 0) {
+            off_t end = lseek(s->fd, 0, SEEK_END);
+            snprintf(text, sizeof text,
+                     "'%s' ended early: row %lld needs bytes up to %lld, but the file has %lld "
+                     "(it was %lld bytes when the loader opened it; was it truncated?)",
+                     s->path, (long long)first_row, (long long)(offset + size), (long long)end,
+                     (long long)s->file_size);
+            fail(it, ga_ok(), EIO, text);
+            return -1;
+        }
+        done += n;
+    }
+    return 0;
+}
+
+/* Gathers rows [r0, r1) of the batch starting at sample `first` into dst
+ * (rows back to back), reading runs of consecutive indices at once. */
+static int gather_rows(LoaderIterObject *it, const loader_source *s, int64_t first, int64_t r0,
+                       int64_t r1, char *dst)
+{
+    const int64_t *idx = it->indices + first;
+    int64_t r = r0;
+    while (r < r1) {
+        int64_t run = 1;
+        while (r + run < r1 && idx[r + run] == idx[r] + run)
+            run++;
+        char *out = dst + (r - r0) * s->row_bytes;
+        if (s->is_file) {
+            if (read_file(it, s, out, s->offset + idx[r] * s->row_bytes, run * s->row_bytes,
+                          idx[r]) < 0)
+                return -1;
+        } else if (s->row_stride == s->row_bytes) {
+            memcpy(out, s->base + idx[r] * s->row_bytes, (size_t)(run * s->row_bytes));
+        } else {
+            for (int64_t k = 0; k < run; k++)
+                memcpy(out + k * s->row_bytes, s->base + (idx[r] + k) * s->row_stride,
+                       (size_t)s->row_bytes);
+        }
+        r += run;
+    }
+    return 0;
+}
+
+static int64_t chunk_rows(LoaderIterObject *it)
+{
+    int64_t bytes = 0;
+    for (int i = 0; i < it->nsources; i++)
+        bytes += it->src[i].row_bytes;
+    int64_t rows = bytes > 0 ? GA_LOADER_CHUNK_BYTES / bytes : it->batch_size;
+    return rows < 1 ? 1 : rows;
+}
+
+static int gather_chunk(LoaderIterObject *it, loader_slot *slot, int64_t chunk, char *scratch)
+{
+    int64_t per = chunk_rows(it);
+    int64_t r0 = chunk * per, r1 = r0 + per < slot->rows ? r0 + per : slot->rows;
+    int64_t first = slot->batch * it->batch_size;
+    for (int i = 0; i < it->nsources; i++) {
+        const loader_source *s = &it->src[i];
+        int cuda = it->device.type == GA_DEVICE_CUDA;
+        if (cuda) {
+            char *dst = (char *)slot->pinned[i]->ptr + r0 * s->row_bytes;
+            if (gather_rows(it, s, first, r0, r1, dst) < 0)
+                return -1;
+        } else if (i == 0 && it->has_transform) {
+            /* raw rows into scratch, normalized straight into the output */
+            if (gather_rows(it, s, first, r0, r1, scratch) < 0)
+                return -1;
+            ga_normalize_desc d = it->transform;
+            d.src = (const uint8_t *)scratch;
+            d.dst = (char *)slot->out[0]->ptr + r0 * it->transform_row_bytes;
+            d.n = r1 - r0;
+            ga_status status = ga_cpu_normalize_images(&d);
+            if (status.error) {
+                fail(it, status, 0, NULL);
+                return -1;
+            }
+        } else {
+            char *dst = (char *)slot->out[i]->ptr + r0 * s->row_bytes;
+            if (gather_rows(it, s, first, r0, r1, dst) < 0)
+                return -1;
+        }
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------- the ring */
+
+static int64_t out_row_bytes(LoaderIterObject *it, int source)
+{
+    return source == 0 && it->has_transform ? it->transform_row_bytes : it->src[source].row_bytes;
+}
+
+/* Prepares a slot for batch `batch` (called without mu): outputs from the
+ * pool, and the slot's pinned buffers free of their previous copy. */
+static int open_slot(LoaderIterObject *it, loader_slot *slot, int64_t batch)
+{
+    int cuda = it->device.type == GA_DEVICE_CUDA;
+    int64_t first = batch * it->batch_size;
+    int64_t rows = it->nindices - first < it->batch_size ? it->nindices - first : it->batch_size;
+    if (cuda && slot->copied_pending) {
+        ga_status status = ga_cuda_event_synchronize(it->device.index, slot->copied);
+        float ms = 0.0f;
+        if (!status.error)
+            status = ga_cuda_event_elapsed_ms(it->device.index, slot->copy_start, slot->copied,
+                                              &ms);
+        if (status.error) {
+            fail(it, status, 0, NULL);
+            return -1;
+        }
+        pthread_mutex_lock(&it->mu);
+        it->copy_seconds += ms / 1000.0;
+        pthread_mutex_unlock(&it->mu);
+        slot->copied_pending = 0;
+    }
+    ga_mem_kind kind = cuda ? GA_MEM_DEVICE : it->pinned_out ? GA_MEM_PINNED : GA_MEM_HOST;
+    for (int i = 0; i < it->nsources; i++) {
+        ga_status status = ga_block_alloc_status(kind, cuda ? it->device.index : -1,
+                                                 (size_t)(rows * out_row_bytes(it, i)),
+                                                 it->copy_stream, &slot->out[i]);
+        if (status.error) {
+            fail(it, status, 0, NULL);
+            return -1;
+        }
+    }
+    slot->rows = rows;
+    slot->nchunks = (rows + chunk_rows(it) - 1) / chunk_rows(it);
+    return 0;
+}
+
+/* The batch in the slot is gathered: queue its copies (CUDA). */
+static int finish_slot(LoaderIterObject *it, loader_slot *slot)
+{
+    if (it->device.type != GA_DEVICE_CUDA)
+        return 0;
+    int dev = it->device.index;
+    ga_stream s = it->copy_stream;
+    ga_status status = ga_cuda_event_record(dev, slot->copy_start, s);
+    for (int i = 0; i < it->nsources && !status.error; i++) {
+        size_t bytes = (size_t)(slot->rows * it->src[i].row_bytes);
+        if (i == 0 && it->has_transform) {
+            status = ga_cuda_memcpy_async(dev, slot->staging->ptr, slot->pinned[0]->ptr, bytes, s);
+            if (!status.error) {
+                ga_normalize_desc d = it->transform;
+                d.src = (const uint8_t *)slot->staging->ptr;
+                d.dst = slot->out[0]->ptr;
+                d.n = slot->rows;
+                status = ga_cuda_normalize_images(dev, &d, s);
+            }
+        } else {
+            status = ga_cuda_memcpy_async(dev, slot->out[i]->ptr, slot->pinned[i]->ptr, bytes, s);
+        }
+    }
+    if (!status.error)
+        status = ga_cuda_event_record(dev, slot->copied, s);
+    for (int i = 0; i < it->nsources && !status.error; i++)
+        status = ga_block_set_ready(slot->out[i], s);
+    if (status.error) {
+        fail(it, status, 0, NULL);
+        return -1;
+    }
+    slot->copied_pending = 1;
+    return 0;
+}
+
+static void *worker_main(void *arg)
+{
+    LoaderIterObject *it = (LoaderIterObject *)arg;
+    char *scratch = NULL;
+    if (it->has_transform && it->device.type == GA_DEVICE_CPU) {
+        scratch = malloc((size_t)(chunk_rows(it) * it->src[0].row_bytes));
+        if (!scratch) {
+            fail(it, ga_status_make(GA_ERR_HOST_OUT_OF_MEMORY, 0, NULL,
+                                    "could not allocate the loader's gather buffer", "PinnedLoader",
+                                    __FILE__, __LINE__),
+                 0, NULL);
+            return NULL;
+        }
+    }
+    pthread_mutex_lock(&it->mu);
+    while (!it->stopping) {
+        /* oldest batch with chunks left to claim */
+        loader_slot *slot = NULL;
+        for (int64_t b = it->next_out; b < it->next_fill && !slot; b++) {
+            loader_slot *s = &it->slots[b % it->nslots];
+            if (s->batch == b && !s->opening && s->next_chunk < s->nchunks)
+                slot = s;
+        }
+        if (!slot && it->next_fill < it->num_batches) {
+            loader_slot *s = &it->slots[it->next_fill % it->nslots];
+            if (s->batch < 0) {
+                int64_t b = it->next_fill++;
+                s->batch = b;
+                s->opening = 1;
+                pthread_mutex_unlock(&it->mu);
+                int rc = open_slot(it, s, b);
+                pthread_mutex_lock(&it->mu);
+                s->opening = 0;
+                s->next_chunk = s->done_chunks = 0;
+                if (rc < 0)
+                    break;
+                pthread_cond_broadcast(&it->work_cv);
+                continue;
+            }
+        }
+        if (!slot) {
+            pthread_cond_wait(&it->work_cv, &it->mu);
+            continue;
+        }
+        int64_t chunk = slot->next_chunk++;
+        pthread_mutex_unlock(&it->mu);
+        double t0 = now_seconds();
+        int rc = gather_chunk(it, slot, chunk, scratch);
+        double spent = now_seconds() - t0;
+        pthread_mutex_lock(&it->mu);
+        it->gather_seconds += spent;
+        if (rc < 0)
+            break;
+        if (++slot->done_chunks == slot->nchunks) {
+            pthread_mutex_unlock(&it->mu);
+            rc = finish_slot(it, slot);
+            pthread_mutex_lock(&it->mu);
+            if (rc < 0)
+                break;
+            slot->ready = 1;
+            pthread_cond_broadcast(&it->ready_cv);
+        }
+    }
+    pthread_mutex_unlock(&it->mu);
+    free(scratch);
+    return NULL;
+}
+
+/* -------------------------------------------------------- lifecycle */
+
+/* Stops and joins the workers, returns unused outputs and the ring.  Needs
+ * the GIL (the pool), releases it while joining. */
+static void close_iterator(LoaderIterObject *it)
+{
+    if (it->closed)
+        return;
+    it->closed = 1;
+    pthread_mutex_lock(&it->mu);
+    it->stopping = 1;
+    pthread_cond_broadcast(&it->work_cv);
+    pthread_mutex_unlock(&it->mu);
+    Py_BEGIN_ALLOW_THREADS
+    for (int t = 0; t < it->started_threads; t++)
+        pthread_join(it->threads[t], NULL);
+    Py_END_ALLOW_THREADS
+    it->started_threads = 0;
+    int cuda = it->device.type == GA_DEVICE_CUDA;
+    for (int k = 0; it->slots && k < it->nslots; k++) {
+        loader_slot *slot = &it->slots[k];
+        for (int i = 0; i < it->nsources; i++) {
+            if (slot->out[i])
+                ga_block_free(slot->out[i]);
+            slot->out[i] = NULL;
+            if (slot->pinned[i]) {
+                /* reused by the pool only after the copies queued from it */
+                if (cuda)
+                    (void)ga_block_record_use_status(slot->pinned[i], it->device.index,
+                                                     it->copy_stream);
+                ga_block_free(slot->pinned[i]);
+                slot->pinned[i] = NULL;
+            }
+        }
+        if (slot->staging)
+            ga_block_free(slot->staging); /* allocated on the copy stream: freed in its order */
+        slot->staging = NULL;
+        if (slot->copy_start)
+            ga_cuda_event_destroy(it->device.index, slot->copy_start);
+        if (slot->copied)
+            ga_cuda_event_destroy(it->device.index, slot->copied);
+        slot->copy_start = slot->copied = NULL;
+    }
+    for (int i = 0; i < it->nsources; i++) {
+        if (it->src[i].is_file && it->src[i].fd >= 0)
+            close(it->src[i].fd);
+        it->src[i].fd = -1;
+    }
+}
+
+/* One copy stream per device for every loader of the process: outputs are
+ * allocated on it and freed in its order long after an iterator is gone,
+ * so it is never destroyed. */
+static ga_status loader_copy_stream(int device, ga_stream *out)
+{
+    static ga_stream streams[GA_MAX_DEVICES];
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    ga_status status = ga_ok();
+    pthread_mutex_lock(&mu);
+    if (!streams[device])
+        status = ga_cuda_stream_create(device, 0, &streams[device]);
+    *out = streams[device];
+    pthread_mutex_unlock(&mu);
+    return status;
+}
+
+/* ------------------------------------------------------- construction */
+
+static int parse_source(ga_state *st, LoaderIterObject *it, PyObject *spec, loader_source *s,
+                        int index)
+{
+    /* ("memory", ndarray) or ("file", path, offset, nrows, dtype, row_shape) */
+    const char *kind;
+    if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) < 2 ||
+        !(kind = PyUnicode_AsUTF8(PyTuple_GET_ITEM(spec, 0)))) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "source %d must be ('memory', array) or ('file', ...)",
+                     index);
+        return -1;
+    }
+    s->fd = -1;
+    PyObject *dtype_obj, *shape_obj;
+    if (strcmp(kind, "memory") == 0) {
+        PyObject *arr = PyTuple_GET_ITEM(spec, 1);
+        if (!PyArray_Check(arr) || PyArray_NDIM((PyArrayObject *)arr) < 1) {
+            PyErr_Format(PyExc_TypeError, "source %d must be a NumPy array with a first dimension",
+                         index);
+            return -1;
+        }
+        PyArrayObject *a = (PyArrayObject *)arr;
+        if (ga_dtype_from_numpy_descr(st, (PyObject *)PyArray_DESCR(a), &s->dtype) < 0) {
+            PyErr_Format(PyExc_TypeError, "source %d: dtype %R is not supported", index,
+                         (PyObject *)PyArray_DESCR(a));
+            return -1;
+        }
+        s->nrows = PyArray_DIM(a, 0);
+        s->row_ndim = PyArray_NDIM(a) - 1;
+        if (s->row_ndim > GA_MAX_NDIM - 1) {
+            PyErr_Format(PyExc_ValueError, "source %d has too many dimensions", index);
+            return -1;
+        }
+        s->row_bytes = (int64_t)ga_dtype_itemsize(s->dtype);
+        for (int d = 0; d < s->row_ndim; d++) {
+            s->row_shape[d] = PyArray_DIM(a, d + 1);
+            s->row_bytes *= s->row_shape[d];
+        }
+        /* rows must be dense (the Python side copies other layouts) */
+        int64_t expected = (int64_t)ga_dtype_itemsize(s->dtype);
+        for (int d = PyArray_NDIM(a) - 1; d >= 1; d--) {
+            if (PyArray_DIM(a, d) != 1 && PyArray_STRIDE(a, d) != expected) {
+                PyErr_Format(PyExc_ValueError, "source %d: each row must be C-contiguous", index);
+                return -1;
+            }
+            expected *= PyArray_DIM(a, d);
+        }
+        s->base = PyArray_DATA(a);
+        s->row_stride = PyArray_STRIDE(a, 0);
+        if (PyList_Append(it->owners, arr) < 0)
+            return -1;
+        return 0;
+    }
+    if (strcmp(kind, "file") == 0) {
+        const char *path;
+        long long offset, nrows;
+        if (!PyArg_ParseTuple(spec, "ssLLOO", &kind, &path, &offset, &nrows, &dtype_obj,
+                              &shape_obj))
+            return -1;
+        int ndim;
+        if (ga_dtype_from_object(st, dtype_obj, &s->dtype, "dtype") < 0 ||
+            ga_shape_from_object(shape_obj, s->row_shape, &ndim, "row shape") < 0)
+            return -1;
+        s->row_ndim = ndim;
+        s->row_bytes = (int64_t)ga_dtype_itemsize(s->dtype);
+        for (int d = 0; d < ndim; d++)
+            s->row_bytes *= s->row_shape[d];
+        s->is_file = 1;
+        s->offset = offset;
+        s->nrows = nrows;
+        snprintf(s->path, sizeof s->path, "%s", path);
+        s->fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (s->fd < 0) {
+            PyErr_SetFromErrnoWithFilename(PyExc_OSError, path);
+            return -1;
+        }
+        off_t end = lseek(s->fd, 0, SEEK_END);
+        s->file_size = end;
+        if (end < offset + nrows * s->row_bytes) {
+            PyErr_Format(PyExc_ValueError,
+                         "'%s' is %lld bytes, but its header describes %lld rows of %lld bytes "
+                         "after byte %lld: the file is truncated",
+                         path, (long long)end, nrows, (long long)s->row_bytes, offset);
+            return -1;
+        }
+        return 0;
+    }
+    PyErr_Format(PyExc_TypeError, "source %d: unknown kind '%s'", index, kind);
+    return -1;
+}
+
+static int parse_transform(ga_state *st, LoaderIterObject *it, PyObject *obj)
+{
+    /* (scale list, shift list, dtype, nchw) applied to source 0 */
+    PyObject *scale, *shift, *dtype_obj;
+    int nchw;
+    if (!PyArg_ParseTuple(obj, "OOOp", &scale, &shift, &dtype_obj, &nchw))
+        return -1;
+    loader_source *s = &it->src[0];
+    if (s->dtype != GA_UINT8 || s->row_ndim != 3) {
+        PyErr_SetString(PyExc_ValueError,
+                        "ImageNormalize applies to uint8 images of shape (N, H, W, C)");
+        return -1;
+    }
+    ga_normalize_desc *d = &it->transform;
+    memset(d, 0, sizeof *d);
+    d->h = s->row_shape[0];
+    d->w = s->row_shape[1];
+    d->c = s->row_shape[2];
+    d->nchw = nchw;
+    if (ga_dtype_from_object(st, dtype_obj, &d->dtype, "dtype") < 0)
+        return -1;
+    Py_ssize_t n1 = PySequence_Length(scale), n2 = PySequence_Length(shift);
+    if (n1 != d->c || n2 != d->c || d->c > GA_NORMALIZE_MAX_CHANNELS) {
+        PyErr_Format(PyExc_ValueError,
+                     "ImageNormalize: the images have %lld channels, but mean/std have %zd",
+                     (long long)d->c, n1);
+        return -1;
+    }
+    for (Py_ssize_t c = 0; c < n1; c++) {
+        PyObject *a = PySequence_GetItem(scale, c), *b = PySequence_GetItem(shift, c);
+        d->scale[c] = a ? PyFloat_AsDouble(a) : 0.0;
+        d->shift[c] = b ? PyFloat_AsDouble(b) : 0.0;
+        Py_XDECREF(a);
+        Py_XDECREF(b);
+        if (PyErr_Occurred())
+            return -1;
+    }
+    it->has_transform = 1;
+    it->transform_row_bytes = d->h * d->w * d->c * (int64_t)ga_dtype_itemsize(d->dtype);
+    return 0;
+}
+
+static int allocate_ring(ga_state *st, LoaderIterObject *it, int nslots)
+{
+    it->slots = calloc((size_t)nslots, sizeof *it->slots);
+    if (!it->slots) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    it->nslots = nslots;
+    for (int k = 0; k < nslots; k++)
+        it->slots[k].batch = -1;
+    if (it->device.type != GA_DEVICE_CUDA)
+        return 0;
+    int dev = it->device.index;
+    for (int k = 0; k < nslots; k++) {
+        loader_slot *slot = &it->slots[k];
+        for (int i = 0; i < it->nsources; i++) {
+            slot->pinned[i] = ga_block_alloc(st, GA_MEM_PINNED, -1,
+                                             (size_t)(it->batch_size * it->src[i].row_bytes), NULL);
+            if (!slot->pinned[i])
+                return -1;
+        }
+        if (it->has_transform) {
+            slot->staging = ga_block_alloc(st, GA_MEM_DEVICE, dev,
+                                           (size_t)(it->batch_size * it->src[0].row_bytes),
+                                           it->copy_stream);
+            if (!slot->staging)
+                return -1;
+        }
+        GA_CHECK(st, ga_cuda_event_create(dev, 1, &slot->copy_start));
+        GA_CHECK(st, ga_cuda_event_create(dev, 1, &slot->copied));
+    }
+    return 0;
+error:
+    return -1;
+}
+
+static PyObject *LoaderIter_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"sources", "indices", "batch_size", "device", "num_threads",
+                             "prefetch", "transform", "start_batch", NULL};
+    PyObject *sources, *indices, *device_obj, *transform = Py_None;
+    long long batch_size, start_batch = 0;
+    int num_threads, prefetch;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOLOii|OL:_LoaderIter", kwlist, &sources,
+                                     &indices, &batch_size, &device_obj, &num_threads, &prefetch,
+                                     &transform, &start_batch))
+        return NULL;
+    ga_state *st = ga_state_from_type(type);
+    if (!st)
+        return NULL;
+    LoaderIterObject *it = (LoaderIterObject *)type->tp_alloc(type, 0);
+    if (!it)
+        return NULL;
+    pthread_mutex_init(&it->mu, NULL);
+    pthread_cond_init(&it->work_cv, NULL);
+    pthread_cond_init(&it->ready_cv, NULL);
+    for (int i = 0; i < GA_LOADER_MAX_SOURCES; i++)
+        it->src[i].fd = -1;
+    it->owners = PyList_New(0);
+    if (!it->owners)
+        goto error;
+    if (!PyList_Check(sources) || PyList_GET_SIZE(sources) < 1 ||
+        PyList_GET_SIZE(sources) > GA_LOADER_MAX_SOURCES) {
+        PyErr_Format(PyExc_ValueError, "a loader takes 1 to %d arrays", GA_LOADER_MAX_SOURCES);
+        goto error;
+    }
+    it->nsources = (int)PyList_GET_SIZE(sources);
+    for (int i = 0; i < it->nsources; i++)
+        if (parse_source(st, it, PyList_GET_ITEM(sources, i), &it->src[i], i) < 0)
+            goto error;
+    if (!PyArray_Check(indices) || PyArray_TYPE((PyArrayObject *)indices) != NPY_INT64 ||
+        PyArray_NDIM((PyArrayObject *)indices) != 1 ||
+        !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)indices)) {
+        PyErr_SetString(PyExc_TypeError, "indices must be a contiguous 1-D int64 array");
+        goto error;
+    }
+    it->indices_obj = Py_NewRef(indices);
+    it->indices = (const int64_t *)PyArray_DATA((PyArrayObject *)indices);
+    it->nindices = PyArray_DIM((PyArrayObject *)indices, 0);
+    for (int64_t k = 0; k < it->nindices; k++) {
+        for (int i = 0; i < it->nsources; i++) {
+            if (it->indices[k] < 0 || it->indices[k] >= it->src[i].nrows) {
+                PyErr_Format(PyExc_IndexError, "sample index %lld is out of range for array %d "
+                                               "with %lld rows",
+                             (long long)it->indices[k], i, (long long)it->src[i].nrows);
+                goto error;
+            }
+        }
+    }
+    if (batch_size < 1 || num_threads < 1 || num_threads > GA_LOADER_MAX_THREADS || prefetch < 0 ||
+        prefetch > 64) {
+        PyErr_SetString(PyExc_ValueError, "bad batch_size, num_threads or prefetch");
+        goto error;
+    }
+    it->batch_size = batch_size;
+    it->num_batches = (it->nindices + batch_size - 1) / batch_size;
+    if (start_batch < 0 || start_batch > it->num_batches) {
+        PyErr_Format(PyExc_ValueError, "start_batch %lld is outside 0..%lld", start_batch,
+                     (long long)it->num_batches);
+        goto error;
+    }
+    it->next_out = it->next_fill = start_batch;
+    if (ga_device_from_object(st, device_obj, &it->device, "device") < 0)
+        goto error;
+    if (transform != Py_None && parse_transform(st, it, transform) < 0)
+        goto error;
+    if (it->device.type == GA_DEVICE_CUDA) {
+        if (ga_ensure_cuda_device(st, it->device.index) < 0)
+            goto error;
+        GA_CHECK(st, loader_copy_stream(it->device.index, &it->copy_stream));
+    } else {
+        it->pinned_out = ga_cuda_usable();
+    }
+    if (allocate_ring(st, it, prefetch + 2) < 0)
+        goto error;
+    it->nthreads = num_threads;
+    it->started_at = now_seconds();
+    for (int t = 0; t < num_threads; t++) {
+        if (pthread_create(&it->threads[t], NULL, worker_main, it) != 0) {
+            PyErr_SetString(PyExc_RuntimeError, "PinnedLoader: could not start a worker thread");
+            goto error;
+        }
+        it->started_threads++;
+    }
+    return (PyObject *)it;
+error:
+    Py_DECREF(it);
+    return NULL;
+}
+
+/* --------------------------------------------------------------- next */
+
+/* Waits (GIL released, waking up for signals) until batch `b` is ready or a
+ * worker failed.  Returns -1 with an exception set on Ctrl-C. */
+static int wait_for_batch(LoaderIterObject *it, loader_slot *slot, int64_t b)
+{
+    for (;;) {
+        int done = 0;
+        Py_BEGIN_ALLOW_THREADS
+        pthread_mutex_lock(&it->mu);
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += 50 * 1000 * 1000;
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+        while (!(slot->batch == b && slot->ready) && !it->has_error && !done) {
+            if (pthread_cond_timedwait(&it->ready_cv, &it->mu, &until) == ETIMEDOUT)
+                done = -1;
+        }
+        if (done == 0)
+            done = 1;
+        pthread_mutex_unlock(&it->mu);
+        Py_END_ALLOW_THREADS
+        if (done == 1)
+            return 0;
+        if (PyErr_CheckSignals() < 0)
+            return -1;
+    }
+}
+
+static PyObject *LoaderIter_next_batch(LoaderIterObject *it, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"stream", NULL};
+    PyObject *stream_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|O:next_batch", kwlist, &stream_obj))
+        return NULL;
+    ga_state *st = ga_state_from_type(Py_TYPE(it));
+    if (!st)
+        return NULL;
+    if (it->closed || it->next_out >= it->num_batches) {
+        close_iterator(it);
+        PyErr_SetNone(PyExc_StopIteration);
+        return NULL;
+    }
+    int64_t b = it->next_out;
+    loader_slot *slot = &it->slots[b % it->nslots];
+    double t0 = now_seconds();
+    if (wait_for_batch(it, slot, b) < 0) {
+        close_iterator(it); /* Ctrl-C: stop the workers before unwinding */
+        return NULL;
+    }
+    if (it->has_error) {
+        close_iterator(it);
+        return raise_worker_error(st, it);
+    }
+    double waited = now_seconds() - t0;
+    int cuda = it->device.type == GA_DEVICE_CUDA;
+    if (cuda) {
+        ga_stream consumer;
+        if (ga_stream_from_object(st, stream_obj, it->device.index, &consumer, "stream") < 0)
+            return NULL;
+        GA_CHECK(st, ga_cuda_stream_wait_event(it->device.index, consumer, slot->copied));
+    }
+    PyObject *result = PyTuple_New(it->nsources);
+    if (!result)
+        return NULL;
+    for (int i = 0; i < it->nsources; i++) {
+        int64_t shape[GA_MAX_NDIM];
+        int ndim = 1 + it->src[i].row_ndim;
+        ga_dtype dtype = it->src[i].dtype;
+        shape[0] = slot->rows;
+        memcpy(shape + 1, it->src[i].row_shape, (size_t)it->src[i].row_ndim * sizeof(int64_t));
+        if (i == 0 && it->has_transform) {
+            const ga_normalize_desc *d = &it->transform;
+            dtype = d->dtype;
+            int64_t c = d->c, h = d->h, w = d->w;
+            shape[1] = d->nchw ? c : h;
+            shape[2] = d->nchw ? h : w;
+            shape[3] = d->nchw ? w : c;
+        }
+        int flags = !cuda && it->pinned_out ? GA_ARRAY_PINNED : 0;
+        ArrayObject *arr = ga_array_from_block(st, slot->out[i], dtype, ndim, shape, it->device,
+                                               flags);
+        if (!arr) {
+            Py_DECREF(result);
+            return NULL;
+        }
+        slot->out[i] = NULL; /* the Array owns it now */
+        PyTuple_SET_ITEM(result, i, (PyObject *)arr);
+    }
+    pthread_mutex_lock(&it->mu);
+    it->batches_out++;
+    it->samples_out += slot->rows;
+    it->wait_seconds += waited;
+    slot->batch = -1;
+    slot->ready = 0;
+    it->next_out++;
+    pthread_cond_broadcast(&it->work_cv);
+    pthread_mutex_unlock(&it->mu);
+    return result;
+error:
+    return NULL;
+}
+
+static PyObject *LoaderIter_close(LoaderIterObject *it, PyObject *unused)
+{
+    (void)unused;
+    close_iterator(it);
+    Py_RETURN_NONE;
+}
+
+static PyObject *LoaderIter_stats(LoaderIterObject *it, PyObject *unused)
+{
+    (void)unused;
+    pthread_mutex_lock(&it->mu);
+    double elapsed = now_seconds() - it->started_at;
+    PyObject *r = Py_BuildValue(
+        "{s:L,s:L,s:L,s:d,s:d,s:d,s:d,s:d,s:i,s:i}", "batches", (long long)it->batches_out,
+        "samples", (long long)it->samples_out, "batches_per_epoch", (long long)it->num_batches,
+        "elapsed_seconds", elapsed, "samples_per_second",
+        elapsed > 0 ? (double)it->samples_out / elapsed : 0.0, "gather_seconds",
+        it->gather_seconds, "copy_seconds", it->copy_seconds, "consumer_wait_seconds",
+        it->wait_seconds, "threads", it->nthreads, "ring_slots", it->nslots);
+    pthread_mutex_unlock(&it->mu);
+    return r;
+}
+
+static PyObject *LoaderIter_get_remaining(LoaderIterObject *it, void *c)
+{
+    (void)c;
+    return PyLong_FromLongLong(it->closed ? 0 : it->num_batches - it->next_out);
+}
+
+static PyObject *LoaderIter_get_next_batch_index(LoaderIterObject *it, void *c)
+{
+    (void)c;
+    return PyLong_FromLongLong(it->next_out);
+}
+
+static int LoaderIter_traverse(LoaderIterObject *it, visitproc visit, void *arg)
+{
+    Py_VISIT(Py_TYPE(it));
+    Py_VISIT(it->owners);
+    Py_VISIT(it->indices_obj);
+    return 0;
+}
+
+static void LoaderIter_dealloc(LoaderIterObject *it)
+{
+    PyTypeObject *type = Py_TYPE(it);
+    PyObject_GC_UnTrack(it);
+    close_iterator(it);
+    free(it->slots);
+    pthread_mutex_destroy(&it->mu);
+    pthread_cond_destroy(&it->work_cv);
+    pthread_cond_destroy(&it->ready_cv);
+    Py_CLEAR(it->owners);
+    Py_CLEAR(it->indices_obj);
+    type->tp_free(it);
+    Py_DECREF(type);
+}
+
+static PyMethodDef LoaderIter_methods[] = {
+    {"next_batch", (PyCFunction)(void (*)(void))LoaderIter_next_batch,
+     METH_VARARGS | METH_KEYWORDS,
+     "next_batch(stream=None) -> tuple of Arrays; the consumer stream (CUDA) waits for the "
+     "batch on the GPU.  StopIteration at the end of the epoch."},
+    {"close", (PyCFunction)LoaderIter_close, METH_NOARGS,
+     "Stops and joins the worker threads and frees the ring."},
+    {"stats", (PyCFunction)LoaderIter_stats, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef LoaderIter_getset[] = {
+    {"remaining", (getter)LoaderIter_get_remaining, NULL, "batches left in the epoch", NULL},
+    {"next_batch_index", (getter)LoaderIter_get_next_batch_index, NULL,
+     "index (in the epoch) of the batch next_batch() returns", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyType_Slot LoaderIter_slots[] = {
+    {Py_tp_new, LoaderIter_new},
+    {Py_tp_dealloc, LoaderIter_dealloc},
+    {Py_tp_traverse, LoaderIter_traverse},
+    {Py_tp_methods, LoaderIter_methods},
+    {Py_tp_getset, LoaderIter_getset},
+    {Py_tp_doc, "The native engine of one PinnedLoader epoch (see gpuaccel.PinnedLoader)."},
+    {0, NULL},
+};
+
+PyType_Spec ga_loader_iter_spec = {
+    .name = "gpuaccel._LoaderIter",
+    .basicsize = sizeof(LoaderIterObject),
+    .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_IMMUTABLETYPE,
+    .slots = LoaderIter_slots,
+};

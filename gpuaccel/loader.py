@@ -1,0 +1,402 @@
+"""gpuaccel.PinnedLoader: batches gathered by native threads into a fixed
+ring of pinned buffers, copied to the GPU on a copy stream and normalized
+there by one fused kernel, handed over without ever blocking the host on the
+GPU.  The native engine is csrc/loader.c; this module holds the Python side:
+arguments, epochs, shuffling, distributed shards, resuming, torch tensors,
+progress bars.
+
+Outputs come from gpuaccel's stream-ordered device pool (pinned host memory
+on device="cpu" when CUDA is usable): each batch gets fresh memory that stays
+valid for as long as you hold it; when you drop it, the memory is reused only
+after the streams that used it are done with it.
+"""
+
+import atexit
+import os
+import warnings
+import weakref
+
+import numpy as np
+
+from . import _C
+
+__all__ = ["ImageNormalize", "PinnedLoader"]
+
+_FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+class ImageNormalize:
+    """The transform PinnedLoader fuses into the copy of the first array:
+    uint8 images (N, H, W, C) become ``(x * scale - mean) / std`` in `dtype`,
+    laid out as NCHW (default) or kept NHWC.
+
+    mean and std are per channel (a sequence with one value per channel, or a
+    single number for all channels), in the units of ``x * scale``.
+    """
+
+    def __init__(self, mean, std, *, dtype="bfloat16", layout="NCHW", scale=1.0 / 255.0):
+        self.mean = _float_list(mean, "mean")
+        self.std = _float_list(std, "std")
+        if len(self.mean) != len(self.std) and 1 not in (len(self.mean), len(self.std)):
+            raise ValueError("ImageNormalize: mean has %d values and std %d; give one per channel"
+                             % (len(self.mean), len(self.std)))
+        if any(s == 0.0 for s in self.std):
+            raise ValueError("ImageNormalize: std must not contain 0, got %r" % (self.std,))
+        dtype = str(dtype).replace("torch.", "")
+        if dtype not in _FLOAT_DTYPES:
+            raise ValueError("ImageNormalize: dtype must be one of %s, got %r" % (", ".join(_FLOAT_DTYPES), dtype))
+        if layout not in ("NCHW", "NHWC"):
+            raise ValueError("ImageNormalize: layout must be 'NCHW' or 'NHWC', got %r" % (layout,))
+        if not isinstance(scale, (int, float)) or isinstance(scale, bool):
+            raise TypeError("ImageNormalize: scale must be a number, got %r" % (scale,))
+        self.dtype, self.layout, self.scale = dtype, layout, float(scale)
+
+    def _spec(self, channels):
+        """(per-channel multiplier, per-channel offset, dtype, nchw) for C."""
+        mean = self.mean * channels if len(self.mean) == 1 else self.mean
+        std = self.std * channels if len(self.std) == 1 else self.std
+        if len(mean) != channels or len(std) != channels:
+            raise ValueError("ImageNormalize: the images have %d channels, but mean/std have %d values"
+                             % (channels, max(len(self.mean), len(self.std))))
+        multiplier = [self.scale / s for s in std]
+        offset = [-m / s for m, s in zip(mean, std)]
+        return multiplier, offset, self.dtype, self.layout == "NCHW"
+
+    def __repr__(self):
+        return "ImageNormalize(mean=%r, std=%r, dtype=%r, layout=%r, scale=%r)" % (
+            self.mean, self.std, self.dtype, self.layout, self.scale)
+
+
+def _float_list(value, name):
+    values = [value] if isinstance(value, (int, float)) else list(value)
+    try:
+        out = [float(v) for v in values]
+    except (TypeError, ValueError):
+        raise TypeError("ImageNormalize: %s must be a number or a sequence of numbers, got %r" % (name, value)) from None
+    if not out:
+        raise ValueError("ImageNormalize: %s is empty" % name)
+    return out
+
+
+def _npy_source(path, index):
+    """('file', path, data offset, rows, dtype, row shape) from a .npy header,
+    without reading the data."""
+    path = os.fspath(path)
+    with open(path, "rb") as f:
+        try:
+            version = np.lib.format.read_magic(f)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+            else:
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+        except ValueError as e:
+            raise ValueError("arrays[%d]: %r is not a readable .npy file: %s" % (index, path, e)) from None
+        offset = f.tell()
+    if len(shape) < 1:
+        raise ValueError("arrays[%d]: %r holds a 0-d array; the loader needs a first (sample) dimension" % (index, path))
+    if fortran and len(shape) > 1:
+        raise ValueError("arrays[%d]: %r is stored in Fortran order; re-save it in C order "
+                         "(np.save(path, np.ascontiguousarray(a)))" % (index, path))
+    if dtype.hasobject or not dtype.isnative:
+        raise ValueError("arrays[%d]: %r has dtype %s; the loader reads native-endian numeric data" % (index, path, dtype))
+    _check_dtype(dtype, index)
+    needed = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    size = os.path.getsize(path)
+    if size < needed:
+        raise ValueError("arrays[%d]: %r is %d bytes, but its header describes %s %s data ending at byte %d: "
+                         "the file is truncated" % (index, path, size, shape, dtype, needed))
+    return ("file", path, offset, shape[0], dtype, tuple(shape[1:]))
+
+
+_SUPPORTED = {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"}
+
+
+def _check_dtype(dtype, index):
+    if np.dtype(dtype).name not in _SUPPORTED:
+        raise TypeError("arrays[%d] has dtype %s, which is not supported; gpuaccel supports %s"
+                        % (index, np.dtype(dtype), ", ".join(sorted(_SUPPORTED))))
+
+
+def _memory_source(array, index):
+    if array.ndim < 1:
+        raise ValueError("arrays[%d] is 0-d; the loader needs a first (sample) dimension" % index)
+    _check_dtype(array.dtype, index)
+    rows_dense = array[:1].flags.c_contiguous if array.shape[0] else True
+    if not rows_dense:
+        array = np.ascontiguousarray(array)  # each row must be one dense block
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
+    return ("memory", array)
+
+
+def _describe(arrays):
+    if isinstance(arrays, (str, os.PathLike, np.ndarray)) or not hasattr(arrays, "__len__"):
+        raise TypeError("arrays must be a sequence (list or tuple) of NumPy arrays, np.memmap or .npy paths, "
+                        "got %s" % type(arrays).__name__)
+    if len(arrays) == 0:
+        raise ValueError("arrays is empty: give at least one array")
+    sources, lengths = [], []
+    for i, a in enumerate(arrays):
+        if isinstance(a, (str, os.PathLike)):
+            spec = _npy_source(a, i)
+            length = spec[3]
+        elif isinstance(a, np.ndarray):
+            spec = _memory_source(a, i)
+            length = spec[1].shape[0]
+        elif isinstance(a, _C.Array) and a.device == "cpu":
+            spec = _memory_source(a.numpy(), i)
+            length = spec[1].shape[0]
+        else:
+            raise TypeError("arrays[%d] must be a NumPy array, np.memmap or a path to a .npy file, got %s"
+                            % (i, type(a).__name__))
+        sources.append(spec)
+        lengths.append(length)
+    if len(set(lengths)) != 1:
+        raise ValueError("all arrays must have the same first dimension (number of samples); got lengths %s" % lengths)
+    return sources, lengths[0]
+
+
+def _distributed_defaults(rank, world_size):
+    if rank is None or world_size is None:
+        try:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                rank = dist.get_rank() if rank is None else rank
+                world_size = dist.get_world_size() if world_size is None else world_size
+        except ImportError:
+            pass
+    return (0 if rank is None else rank), (1 if world_size is None else world_size)
+
+
+_live_loaders = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all():
+    for loader in list(_live_loaders):
+        loader.close()
+
+
+class PinnedLoader:
+    """Iterates over batches of rows gathered from `arrays` (NumPy arrays,
+    np.memmap or paths to .npy files, all with the same number of rows).
+
+    Each batch is a tuple with one entry per array: torch tensors (output=
+    "torch", on the device, the consumer being torch's current stream) or
+    gpuaccel Arrays (output="gpuaccel").  `transform` (an ImageNormalize)
+    applies to the first array.  Iterating again starts the next epoch;
+    set_epoch() picks one.  With shuffle, the order is a permutation drawn
+    from (seed, epoch), the same whatever num_threads is.  Under
+    torch.distributed each rank gets a disjoint shard of equal length (padded
+    like torch's DistributedSampler).
+    """
+
+    def __init__(self, arrays, batch_size, *, shuffle=False, seed=0, drop_last=False, num_threads=None,
+                 prefetch=2, device=None, transform=None, rank=None, world_size=None, output="torch",
+                 progress=False):
+        self._sources, self.num_samples = _describe(arrays)
+        if not isinstance(batch_size, (int, np.integer)) or isinstance(batch_size, bool) or batch_size < 1:
+            raise ValueError("batch_size must be a positive int, got %r" % (batch_size,))
+        self.batch_size = int(batch_size)
+        if num_threads is None:
+            num_threads = max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+        if not isinstance(num_threads, int) or isinstance(num_threads, bool) or not 1 <= num_threads <= 64:
+            raise ValueError("num_threads must be an int from 1 to 64, got %r" % (num_threads,))
+        if not isinstance(prefetch, int) or isinstance(prefetch, bool) or not 0 <= prefetch <= 64:
+            raise ValueError("prefetch must be an int from 0 to 64, got %r" % (prefetch,))
+        if not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ValueError("seed must be a non-negative int, got %r" % (seed,))
+        if device is None:
+            device = "cuda" if _C.cuda_available() else "cpu"
+        self.device = _C.Device(device)
+        if self.device.type == "cuda" and not _C.cuda_available():
+            _C.empty(0, device=self.device)  # raises the RuntimeError that says why
+        if transform is not None and not isinstance(transform, ImageNormalize):
+            raise TypeError("transform must be None or a gpuaccel.ImageNormalize, got %s" % type(transform).__name__)
+        self._transform_spec = None
+        if transform is not None:
+            first = self._sources[0]
+            dtype, row_shape = (first[1].dtype, first[1].shape[1:]) if first[0] == "memory" else (first[4], first[5])
+            if np.dtype(dtype) != np.uint8 or len(row_shape) != 3:
+                raise ValueError("ImageNormalize applies to the first array, which must be uint8 images of shape "
+                                 "(N, H, W, C); it is %s with rows of shape %s" % (np.dtype(dtype), tuple(row_shape)))
+            self._transform_spec = transform._spec(row_shape[2])
+        self.transform = transform
+        if output not in ("torch", "gpuaccel"):
+            raise ValueError("output must be 'torch' or 'gpuaccel', got %r" % (output,))
+        if output == "torch":
+            import torch  # noqa: F401  (fails early with ImportError if missing)
+        self.output = output
+        self.rank, self.world_size = _distributed_defaults(rank, world_size)
+        if not (isinstance(self.world_size, int) and self.world_size >= 1 and isinstance(self.rank, int)
+                and 0 <= self.rank < self.world_size):
+            raise ValueError("rank must be in 0..world_size-1 and world_size >= 1, got rank=%r world_size=%r"
+                             % (self.rank, self.world_size))
+        self.shuffle, self.seed, self.drop_last = bool(shuffle), int(seed), bool(drop_last)
+        self.num_threads, self.prefetch, self.progress = num_threads, prefetch, bool(progress)
+        self._epoch = 0
+        self._resume_batch = 0
+        self._current = None  # (weakref to the live epoch iterator, its epoch)
+        self._last_stats = None
+        _live_loaders.add(self)
+
+    # ------------------------------------------------------------ epochs
+
+    def _shard_size(self):
+        n, w = self.num_samples, self.world_size
+        return n // w if self.drop_last else -(-n // w)
+
+    def __len__(self):
+        per_rank = self._shard_size()
+        return per_rank // self.batch_size if self.drop_last else -(-per_rank // self.batch_size)
+
+    def epoch_indices(self, epoch):
+        """The sample indices this rank reads in `epoch`, in order."""
+        n = self.num_samples
+        order = np.random.default_rng([self.seed, epoch]).permutation(n) if self.shuffle else np.arange(n)
+        order = order.astype(np.int64, copy=False)
+        per_rank = self._shard_size()
+        total = per_rank * self.world_size
+        if total > n:  # pad by repeating from the start, as DistributedSampler does
+            order = np.concatenate([order, np.resize(order, total - n)])
+        shard = order[self.rank:total:self.world_size]
+        if self.drop_last:
+            shard = shard[: (len(shard) // self.batch_size) * self.batch_size]
+        return np.ascontiguousarray(shard)
+
+    def set_epoch(self, epoch):
+        """Makes the next iteration run `epoch` (its order and shard)."""
+        if not isinstance(epoch, (int, np.integer)) or epoch < 0:
+            raise ValueError("epoch must be a non-negative int, got %r" % (epoch,))
+        self._epoch, self._resume_batch = int(epoch), 0
+
+    def __iter__(self):
+        epoch, start = self._epoch, self._resume_batch
+        self._epoch, self._resume_batch = epoch + 1, 0
+        engine = _C._LoaderIter(
+            list(self._sources), self.epoch_indices(epoch), self.batch_size, self.device, self.num_threads,
+            self.prefetch, self._transform_spec, start)
+        it = _EpochIterator(self, engine, epoch)
+        self._current = (weakref.ref(it), epoch)
+        return it
+
+    # ------------------------------------------------------- resume/stats
+
+    def state_dict(self):
+        """Where iteration stands: loading it into a loader over the same data
+        resumes at exactly the next batch."""
+        live = self._current[0]() if self._current else None
+        if live is not None and not live.finished:
+            epoch, batch = self._current[1], live.next_batch_index
+        else:
+            epoch, batch = self._epoch, self._resume_batch
+        return {"epoch": epoch, "batch": batch, "seed": self.seed, "shuffle": self.shuffle,
+                "num_samples": self.num_samples, "batch_size": self.batch_size, "rank": self.rank,
+                "world_size": self.world_size, "drop_last": self.drop_last}
+
+    def load_state_dict(self, state):
+        for key in ("num_samples", "batch_size", "world_size", "shuffle", "drop_last"):
+            if state.get(key) != getattr(self, key):
+                raise ValueError("load_state_dict: the state was saved with %s=%r, but this loader has %r"
+                                 % (key, state.get(key), getattr(self, key)))
+        batch = int(state["batch"])
+        if not 0 <= batch <= len(self):
+            raise ValueError("load_state_dict: batch %d is outside 0..%d" % (batch, len(self)))
+        self.seed = int(state["seed"])
+        self._epoch, self._resume_batch = int(state["epoch"]), batch
+
+    def stats(self):
+        """Batches, samples/s, gather/copy seconds and the time the consumer
+        waited, for the epoch running now (or the last one)."""
+        live = self._current[0]() if self._current else None
+        if live is not None:
+            return live.stats()
+        return dict(self._last_stats) if self._last_stats else {
+            "batches": 0, "samples": 0, "samples_per_second": 0.0, "gather_seconds": 0.0,
+            "copy_seconds": 0.0, "consumer_wait_seconds": 0.0}
+
+    def close(self):
+        """Stops the worker threads of a running epoch and frees its ring."""
+        live = self._current[0]() if self._current else None
+        if live is not None:
+            live.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __repr__(self):
+        return ("PinnedLoader(%d samples, batch_size=%d, %d batches, device='%s', shuffle=%s, threads=%d, "
+                "prefetch=%d, rank %d/%d)" % (self.num_samples, self.batch_size, len(self), self.device,
+                                              self.shuffle, self.num_threads, self.prefetch, self.rank,
+                                              self.world_size))
+
+
+class _EpochIterator:
+    def __init__(self, loader, engine, epoch):
+        self._loader = loader
+        self._engine = engine
+        self.epoch = epoch
+        self.finished = False
+        self._torch = None
+        self._bar = None
+        if loader.output == "torch":
+            import torch
+
+            self._torch = torch
+        if loader.progress:
+            try:
+                from tqdm.auto import tqdm
+
+                self._bar = tqdm(total=len(loader), initial=engine.next_batch_index, desc="epoch %d" % epoch,
+                                 unit="batch")
+            except ImportError:
+                warnings.warn("PinnedLoader(progress=True) needs tqdm (pip install tqdm); no progress bar shown",
+                              stacklevel=3)
+
+    @property
+    def next_batch_index(self):
+        return self._engine.next_batch_index
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        stream = None
+        torch = self._torch
+        if torch is not None and self._loader.device.type == "cuda":
+            stream = torch.cuda.current_stream(self._loader.device.index).cuda_stream
+        try:
+            batch = self._engine.next_batch(stream=stream)
+        except StopIteration:
+            self._finish()
+            raise
+        except BaseException:
+            self._finish()
+            raise
+        if self._bar is not None:
+            self._bar.update(1)
+        if torch is not None:
+            return tuple(torch.from_dlpack(a) for a in batch)
+        return batch
+
+    def _finish(self):
+        if not self.finished:
+            self.finished = True
+            self._loader._last_stats = self._engine.stats()
+            self._engine.close()
+            if self._bar is not None:
+                self._bar.close()
+
+    def stats(self):
+        return self._engine.stats()
+
+    def close(self):
+        self._finish()
+
+    def __del__(self):
+        self._finish()

@@ -1,0 +1,87 @@
+"""PinnedLoader on a GPU: the same values as the CPU path, consumer-stream
+ordering, outputs that stay valid, and a __next__ that never waits for the
+GPU."""
+
+import time
+
+import numpy as np
+import pytest
+
+import gpuaccel as ga
+
+pytestmark = pytest.mark.cuda
+torch = pytest.importorskip("torch")
+
+LONG_SLEEP_CYCLES = 1_000_000_000
+
+
+def data(rng, n=600, image=(32, 32, 3)):
+    x = rng.integers(0, 256, size=(n,) + image, dtype=np.uint8)
+    y = np.arange(n, dtype=np.int64)
+    return x, y
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32", "float64"])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_gpu_batches_equal_cpu_batches_bit_for_bit(rng, dtype, layout):
+    x, y = data(rng)
+    t = ga.ImageNormalize([0.4, 0.5, 0.6], [0.2, 0.3, 0.25], dtype=dtype, layout=layout)
+    kwargs = dict(shuffle=True, seed=3, transform=t, output="gpuaccel")
+    cpu = list(ga.PinnedLoader([x, y], 97, device="cpu", **kwargs))
+    gpu = list(ga.PinnedLoader([x, y], 97, device="cuda", **kwargs))
+    assert len(cpu) == len(gpu)
+    for (cx, cy), (gx, gy) in zip(cpu, gpu):
+        assert gx.device == "cuda:0" and gx.dtype == dtype
+        assert gx.numpy().tobytes() == cx.numpy().tobytes()
+        assert gy.numpy().tobytes() == cy.numpy().tobytes()
+
+
+def test_torch_tensors_on_the_current_stream(rng):
+    x, y = data(rng)
+    side = torch.cuda.Stream()
+    total = torch.zeros((), device="cuda", dtype=torch.int64)
+    with torch.cuda.stream(side):
+        for xb, yb in ga.PinnedLoader([x, y], 64, shuffle=True, seed=1):
+            assert xb.is_cuda and yb.is_cuda
+            torch.cuda._sleep(1_000_000)  # consumer busy: batches must still arrive in order
+            total += yb.sum()
+    side.synchronize()
+    assert total.item() == y.sum()
+
+
+def test_next_returns_while_the_gpu_is_busy(rng):
+    x, y = data(rng, 2000)
+    loader = ga.PinnedLoader([x, y], 100, transform=ga.ImageNormalize(0.5, 0.5))
+    it = iter(loader)
+    next(it)
+    time.sleep(0.2)  # let the workers fill the ring
+    torch.cuda._sleep(LONG_SLEEP_CYCLES)  # ~0.5 s on the consumer stream
+    start = time.perf_counter()
+    xb, yb = next(it)
+    elapsed = time.perf_counter() - start
+    assert elapsed < 0.05 and not torch.cuda.current_stream().query(), elapsed
+    assert yb.tolist() == list(range(100, 200))  # the values arrive once the stream gets there
+
+
+def test_held_batches_stay_valid(rng):
+    x, y = data(rng, 1000, image=(8, 8, 3))
+    held = list(ga.PinnedLoader([x, y], 50, prefetch=1))  # far more batches than ring slots
+    for k, (xb, yb) in enumerate(held):
+        assert yb.tolist() == list(range(50 * k, 50 * k + 50))
+        np.testing.assert_array_equal(xb.cpu().numpy(), x[50 * k: 50 * k + 50])
+
+
+def test_memory_returns_to_the_pool(rng):
+    x, y = data(rng, 400)
+    loader = ga.PinnedLoader([x, y], 32, output="gpuaccel")
+    list(loader)
+    ga.synchronize()
+    base = ga.memory_stats("cuda")["allocated_bytes"]
+    for _ in range(20):
+        for batch in loader:
+            pass
+        del batch
+    ga.synchronize()
+    assert ga.memory_stats("cuda")["allocated_bytes"] == base
+    s = loader.stats()
+    assert s["copy_seconds"] > 0 and s["samples_per_second"] > 0

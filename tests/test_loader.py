@@ -1,0 +1,327 @@
+"""PinnedLoader on the CPU device (the CUDA path: test_cuda_loader.py)."""
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+import numpy as np
+import pytest
+from helpers import assert_close, numpy_dtype
+
+import gpuaccel as ga
+
+
+def dataset(rng, n, image=(5, 4, 3)):
+    """uint8 images whose first byte encodes the label, and the labels."""
+    x = rng.integers(0, 256, size=(n,) + image, dtype=np.uint8)
+    y = rng.permutation(n).astype(np.int64)
+    x[:, 0, 0, 0] = y % 256
+    return x, y
+
+
+def run(loader):
+    return [tuple(np.array(t.numpy()) for t in batch) for batch in loader]
+
+
+def open_fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def native_threads():
+    return len(os.listdir("/proc/self/task"))
+
+
+@pytest.mark.parametrize("n,batch,drop_last", [(1000, 64, False), (1000, 64, True), (37, 10, False),
+                                               (37, 10, True), (5, 8, False), (64, 64, True)])
+def test_every_sample_once_and_rows_aligned(rng, n, batch, drop_last):
+    x, y = dataset(rng, n)
+    loader = ga.PinnedLoader([x, y], batch, shuffle=True, seed=7, drop_last=drop_last, output="gpuaccel")
+    batches = run(loader)
+    assert len(batches) == len(loader) == (n // batch if drop_last else -(-n // batch))
+    labels = np.concatenate([b[1] for b in batches]) if batches else np.zeros(0, np.int64)
+    expected = n - n % batch if drop_last else n
+    assert len(labels) == expected and len(set(labels.tolist())) == expected
+    assert set(labels.tolist()) <= set(y.tolist())
+    for xb, yb in batches:
+        assert xb.shape[1:] == x.shape[1:] and xb.dtype == np.uint8
+        position = {label: i for i, label in enumerate(y)}
+        np.testing.assert_array_equal(xb, x[[position[label] for label in yb]])  # rows stay aligned
+
+
+def test_no_shuffle_keeps_order_and_memory_views(rng):
+    x, y = dataset(rng, 50)
+    batches = run(ga.PinnedLoader([x[::2], y[::2]], 7, output="gpuaccel"))  # strided rows
+    np.testing.assert_array_equal(np.concatenate([b[1] for b in batches]), y[::2])
+    np.testing.assert_array_equal(np.concatenate([b[0] for b in batches]), x[::2])
+
+
+def test_deterministic_whatever_the_thread_count(rng):
+    x, y = dataset(rng, 777)
+    runs = [run(ga.PinnedLoader([x, y], 32, shuffle=True, seed=11, num_threads=t, prefetch=p, output="gpuaccel"))
+            for t, p in [(1, 0), (2, 2), (4, 5), (7, 1)]]
+    for other in runs[1:]:
+        assert len(other) == len(runs[0])
+        for a, b in zip(runs[0], other):
+            np.testing.assert_array_equal(a[0], b[0])
+            np.testing.assert_array_equal(a[1], b[1])
+
+
+def test_epochs_differ_and_set_epoch_repeats(rng):
+    x, y = dataset(rng, 300)
+    loader = ga.PinnedLoader([x, y], 50, shuffle=True, seed=1, output="gpuaccel")
+    first = np.concatenate([b[1] for b in run(loader)])
+    second = np.concatenate([b[1] for b in run(loader)])
+    assert not np.array_equal(first, second) and sorted(first) == sorted(second)
+    loader.set_epoch(0)
+    np.testing.assert_array_equal(np.concatenate([b[1] for b in run(loader)]), first)
+    other_seed = ga.PinnedLoader([x, y], 50, shuffle=True, seed=2, output="gpuaccel")
+    assert not np.array_equal(np.concatenate([b[1] for b in run(other_seed)]), first)
+
+
+@pytest.mark.parametrize("n,world,drop_last", [(103, 4, False), (103, 4, True), (12, 3, False), (5, 8, False)])
+def test_shards_are_disjoint_equal_and_match_distributed_sampler(rng, n, world, drop_last):
+    torch = pytest.importorskip("torch")
+    from torch.utils.data.distributed import DistributedSampler
+
+    x, y = dataset(rng, n)
+    shards = []
+    for rank in range(world):
+        loader = ga.PinnedLoader([x, np.arange(n)], 4, rank=rank, world_size=world, drop_last=False,
+                                 output="gpuaccel") if not drop_last else \
+            ga.PinnedLoader([x, np.arange(n)], 4, rank=rank, world_size=world, drop_last=True, output="gpuaccel")
+        got = np.concatenate([b[1] for b in run(loader)])
+        reference = list(DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=False,
+                                            drop_last=drop_last))
+        if drop_last:
+            reference = reference[: len(reference) // 4 * 4]
+        np.testing.assert_array_equal(got, reference)
+        shards.append(got)
+    assert len({len(s) for s in shards}) == 1
+    if not drop_last and n % world == 0:
+        assert len(set(np.concatenate(shards).tolist())) == n
+    # shuffled shards: disjoint (before padding), equal, and they change with the epoch
+    orders = []
+    for epoch in range(2):
+        combined = []
+        for rank in range(world):
+            loader = ga.PinnedLoader([x, np.arange(n)], 4, shuffle=True, seed=5, rank=rank, world_size=world,
+                                     output="gpuaccel")
+            loader.set_epoch(epoch)
+            combined.append(np.concatenate([b[1] for b in run(loader)]))
+        assert len({len(c) for c in combined}) == 1
+        everything = np.concatenate(combined)
+        assert set(everything.tolist()) == set(range(n)) or drop_last
+        assert len(everything) == -(-n // world) * world
+        orders.append(combined[0])
+    assert not np.array_equal(orders[0], orders[1]) or n <= world
+
+
+def test_resume_mid_epoch_gives_exactly_the_rest(rng):
+    x, y = dataset(rng, 500)
+    make = lambda: ga.PinnedLoader([x, y], 32, shuffle=True, seed=9, output="gpuaccel")  # noqa: E731
+    full = run(make())
+    loader = make()
+    it = iter(loader)
+    head = [tuple(t.numpy().copy() for t in next(it)) for _ in range(5)]
+    state = loader.state_dict()
+    assert state["batch"] == 5 and state["epoch"] == 0
+    del it
+    resumed = make()
+    resumed.load_state_dict(state)
+    tail = run(resumed)
+    assert len(head) + len(tail) == len(full)
+    for got, want in zip(head + tail, full):
+        np.testing.assert_array_equal(got[1], want[1])
+        np.testing.assert_array_equal(got[0], want[0])
+    assert resumed.state_dict()["epoch"] == 1 and resumed.state_dict()["batch"] == 0
+    with pytest.raises(ValueError, match="batch_size=32"):
+        ga.PinnedLoader([x, y], 16).load_state_dict(state)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_normalize_matches_float64_reference(rng, dtype, layout):
+    x, y = dataset(rng, 70, image=(9, 7, 3))
+    mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+    t = ga.ImageNormalize(mean, std, dtype=dtype, layout=layout)
+    batches = list(ga.PinnedLoader([x, y], 16, transform=t, output="gpuaccel"))
+    got = np.concatenate([b[0].astype("float64").numpy() for b in batches])
+    ref = (x.astype(np.float64) / 255.0 - np.array(mean)) / np.array(std)
+    if layout == "NCHW":
+        ref = ref.transpose(0, 3, 1, 2)
+    assert batches[0][0].dtype == dtype and got.shape == ref.shape
+    assert_close(got, ref, dtype, scale=4.0 if dtype == "float32" else 1.0)
+
+
+def test_normalize_scalar_mean_and_other_scale(rng):
+    x, y = dataset(rng, 10, image=(2, 2, 1))
+    t = ga.ImageNormalize(0.5, 2.0, dtype="float32", layout="NHWC", scale=1.0)
+    got = next(iter(ga.PinnedLoader([x, y], 10, transform=t, output="gpuaccel")))[0].numpy()
+    np.testing.assert_allclose(got, (x.astype(np.float64) - 0.5) / 2.0, rtol=1e-6)
+
+
+def test_npy_paths_and_memmap(rng, tmp_path):
+    x, y = dataset(rng, 123)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", y)
+    mm = np.load(tmp_path / "y.npy", mmap_mode="r")
+    batches = run(ga.PinnedLoader([str(tmp_path / "x.npy"), mm], 25, output="gpuaccel"))
+    np.testing.assert_array_equal(np.concatenate([b[0] for b in batches]), x)
+    np.testing.assert_array_equal(np.concatenate([b[1] for b in batches]), y)
+    shuffled = run(ga.PinnedLoader([tmp_path / "x.npy", tmp_path / "y.npy"], 25, shuffle=True, output="gpuaccel"))
+    for xb, yb in shuffled:
+        assert np.array_equal(xb[:, 0, 0, 0], yb % 256)
+
+
+def test_torch_output(rng):
+    torch = pytest.importorskip("torch")
+    x, y = dataset(rng, 40)
+    xb, yb = next(iter(ga.PinnedLoader([x, y], 16, transform=ga.ImageNormalize([0.0] * 3, [1.0] * 3))))
+    assert isinstance(xb, torch.Tensor) and xb.dtype == torch.bfloat16 and xb.shape == (16, 3, 5, 4)
+    assert isinstance(yb, torch.Tensor) and yb.dtype == torch.int64 and yb.tolist() == y[:16].tolist()
+    assert xb.device.type == "cpu" and (not ga.cuda_available() or xb.is_pinned())
+
+
+@pytest.mark.parametrize(
+    "make,exc,words",
+    [
+        (lambda x, y: ga.PinnedLoader([x, y[:-1]], 4), ValueError, "same first dimension.*\\[20, 19\\]"),
+        (lambda x, y: ga.PinnedLoader(x, 4), TypeError, "sequence"),
+        (lambda x, y: ga.PinnedLoader([], 4), ValueError, "empty"),
+        (lambda x, y: ga.PinnedLoader([x, [1, 2]], 4), TypeError, "arrays\\[1\\]"),
+        (lambda x, y: ga.PinnedLoader([x], 0), ValueError, "batch_size"),
+        (lambda x, y: ga.PinnedLoader([x], 2.5), ValueError, "batch_size"),
+        (lambda x, y: ga.PinnedLoader([x], 4, num_threads=0), ValueError, "num_threads"),
+        (lambda x, y: ga.PinnedLoader([x], 4, prefetch=-1), ValueError, "prefetch"),
+        (lambda x, y: ga.PinnedLoader([x], 4, output="jax"), ValueError, "output"),
+        (lambda x, y: ga.PinnedLoader([x], 4, rank=3, world_size=2), ValueError, "rank"),
+        (lambda x, y: ga.PinnedLoader([x], 4, device="tpu"), ValueError, "device"),
+        (lambda x, y: ga.PinnedLoader([x], 4, transform="norm"), TypeError, "ImageNormalize"),
+        (lambda x, y: ga.PinnedLoader([y, x], 4, transform=ga.ImageNormalize(0, 1)), ValueError, "uint8 images"),
+        (lambda x, y: ga.PinnedLoader([x], 4, transform=ga.ImageNormalize([0, 0], [1, 1])), ValueError, "3 channels"),
+        (lambda x, y: ga.PinnedLoader([np.zeros(())], 4), ValueError, "0-d"),
+        (lambda x, y: ga.PinnedLoader([x.astype(np.complex64)], 4), TypeError, "not supported"),
+        (lambda x, y: ga.ImageNormalize([0.5], [0.0]), ValueError, "std must not contain 0"),
+        (lambda x, y: ga.ImageNormalize(["a"], [1.0]), TypeError, "mean"),
+        (lambda x, y: ga.ImageNormalize(0, 1, dtype="int8"), ValueError, "dtype"),
+        (lambda x, y: ga.ImageNormalize(0, 1, layout="CHW"), ValueError, "layout"),
+    ],
+)
+def test_bad_arguments(rng, make, exc, words):
+    x, y = dataset(rng, 20)
+    with pytest.raises(exc, match=words):
+        make(x, y)
+
+
+def test_bad_files(rng, tmp_path):
+    x, _ = dataset(rng, 10)
+    with pytest.raises(FileNotFoundError):
+        ga.PinnedLoader([str(tmp_path / "missing.npy")], 4)
+    (tmp_path / "text.npy").write_text("not numpy")
+    with pytest.raises(ValueError, match="not a readable .npy"):
+        ga.PinnedLoader([str(tmp_path / "text.npy")], 4)
+    np.save(tmp_path / "f.npy", np.asfortranarray(x.reshape(10, -1)))
+    with pytest.raises(ValueError, match="Fortran order"):
+        ga.PinnedLoader([str(tmp_path / "f.npy")], 4)
+    np.save(tmp_path / "short.npy", x)
+    with open(tmp_path / "short.npy", "r+b") as f:
+        f.truncate(os.path.getsize(tmp_path / "short.npy") - 7)
+    with pytest.raises(ValueError, match="truncated"):
+        ga.PinnedLoader([str(tmp_path / "short.npy")], 4)
+
+
+def test_file_truncated_while_running_raises_at_next(rng, tmp_path):
+    x, y = dataset(rng, 4000, image=(16, 16, 3))
+    path = tmp_path / "x.npy"
+    np.save(path, x)
+    loader = ga.PinnedLoader([str(path), y], 100, prefetch=0, num_threads=1, output="gpuaccel")
+    it = iter(loader)
+    next(it)
+    with open(path, "r+b") as f:
+        f.truncate(4096)
+    with pytest.raises(OSError, match="ended early.*truncated") as info:
+        for _ in it:
+            pass
+    assert str(path) in str(info.value)
+    # the iterator is closed: its threads are gone and it stays exhausted
+    assert list(it) == []
+
+
+def test_ctrl_c_while_waiting_stops_cleanly(rng):
+    threads = native_threads()
+    big = np.zeros((64, 1 << 20), dtype=np.uint8)  # 64 MiB per batch: the wait is long enough
+    loader = ga.PinnedLoader([big], 64, num_threads=1, prefetch=0, output="gpuaccel")
+    old = signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            for _ in range(50):
+                signal.setitimer(signal.ITIMER_REAL, 0.001)
+                for batch in loader:
+                    del batch
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    loader.close()
+    assert native_threads() == threads
+
+
+def test_nothing_left_behind_after_100_short_iterations(rng, tmp_path):
+    x, y = dataset(rng, 300)
+    np.save(tmp_path / "x.npy", x)
+    loader = ga.PinnedLoader([str(tmp_path / "x.npy"), y], 16, shuffle=True, num_threads=3, output="gpuaccel")
+    run(loader)  # warm the pools
+    threads, fds, mem = native_threads(), open_fds(), ga.memory_stats("cpu")["allocated_bytes"]
+    for i in range(100):
+        for k, batch in enumerate(loader):
+            if k == i % 5:
+                break  # leave mid-epoch
+        del batch
+    assert native_threads() == threads
+    assert open_fds() == fds
+    assert ga.memory_stats("cpu")["allocated_bytes"] == mem
+    with loader:
+        next(iter(loader))
+    assert native_threads() == threads
+
+
+def test_len_stats_and_repr(rng):
+    x, y = dataset(rng, 100)
+    loader = ga.PinnedLoader([x, y], 30, output="gpuaccel")
+    assert len(loader) == 4 and "100 samples" in repr(loader)
+    run(loader)
+    s = loader.stats()
+    assert s["batches"] == 4 and s["samples"] == 100 and s["samples_per_second"] > 0
+    assert s["consumer_wait_seconds"] >= 0 and s["gather_seconds"] > 0
+
+
+def test_progress_bar(rng, capsys):
+    pytest.importorskip("tqdm")
+    x, y = dataset(rng, 50)
+    assert len(run(ga.PinnedLoader([x, y], 10, progress=True, output="gpuaccel"))) == 5
+    assert "5/5" in capsys.readouterr().err
+
+
+def test_exit_while_iterating_is_clean(tmp_path):
+    script = textwrap.dedent(
+        """
+        import numpy as np, gpuaccel as ga
+        x = np.zeros((10000, 64), dtype=np.uint8)
+        loader = ga.PinnedLoader([x], 10, num_threads=4, output="gpuaccel")
+        it = iter(loader)
+        next(it)
+        keep = (loader, it)
+        print("ok")
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], timeout=60, capture_output=True, text=True,
+                            cwd=tempfile.gettempdir())
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
+def test_numpy_dtypes_of_bfloat16_output(rng):
+    x, y = dataset(rng, 8)
+    xb, _ = next(iter(ga.PinnedLoader([x, y], 8, transform=ga.ImageNormalize(0, 1), output="gpuaccel")))
+    assert xb.numpy().dtype == numpy_dtype("bfloat16")
