@@ -39,6 +39,7 @@ typedef struct {
 
 extern PyType_Spec ga_array_spec;
 extern PyType_Spec ga_loader_iter_spec;
+extern PyType_Spec ga_logger_spec;
 
 static inline int ga_is_array(ga_state *st, PyObject *obj)
 {

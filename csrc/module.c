@@ -83,7 +83,8 @@ static int module_exec(PyObject *module)
         !(st->StreamType = add_type(module, &ga_stream_spec)) ||
         !(st->EventType = add_type(module, &ga_event_spec)) ||
         !(st->ArrayType = add_type(module, &ga_array_spec)) ||
-        !(st->LoaderIterType = add_type(module, &ga_loader_iter_spec)))
+        !(st->LoaderIterType = add_type(module, &ga_loader_iter_spec)) ||
+        !(st->LoggerType = add_type(module, &ga_logger_spec)))
         return -1;
     st->current_stream = PyContextVar_New("gpuaccel.current_stream", NULL);
     if (!st->current_stream)
@@ -113,6 +114,7 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->StreamType);
     Py_VISIT(st->EventType);
     Py_VISIT(st->LoaderIterType);
+    Py_VISIT(st->LoggerType);
     Py_VISIT(st->CudaError);
     Py_VISIT(st->OutOfMemoryError);
     Py_VISIT(st->CublasError);
@@ -138,6 +140,7 @@ static int module_clear(PyObject *module)
     Py_CLEAR(st->StreamType);
     Py_CLEAR(st->EventType);
     Py_CLEAR(st->LoaderIterType);
+    Py_CLEAR(st->LoggerType);
     Py_CLEAR(st->CudaError);
     Py_CLEAR(st->OutOfMemoryError);
     Py_CLEAR(st->CublasError);

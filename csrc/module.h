@@ -17,6 +17,7 @@ typedef struct {
     PyTypeObject *StreamType;
     PyTypeObject *EventType;
     PyTypeObject *LoaderIterType;
+    PyTypeObject *LoggerType;
     PyObject *CudaError;
     PyObject *OutOfMemoryError;
     PyObject *CublasError;

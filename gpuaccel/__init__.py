@@ -68,6 +68,7 @@ from ._C import (  # noqa: E402
 )
 
 from .loader import ImageNormalize, PinnedLoader  # noqa: E402
+from .logger import LossLogger, NonFiniteError  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -75,7 +76,7 @@ DTYPES = (bool_, uint8, int8, int16, int32, int64, float16, bfloat16, float32, f
 
 __all__ = [
     "Array", "CublasError", "CudaError", "CudnnError", "DTYPES", "Device", "Event", "MAX_NDIM",
-    "ImageNormalize", "OutOfMemoryError", "PinnedLoader", "Stream", "asarray", "bfloat16", "bool_", "build_info", "built_with_cuda",
+    "ImageNormalize", "LossLogger", "NonFiniteError", "OutOfMemoryError", "PinnedLoader", "Stream", "asarray", "bfloat16", "bool_", "build_info", "built_with_cuda",
     "cuda_available", "current_stream", "default_device", "device_count", "device_properties",
     "empty", "empty_cache", "float16", "float32", "float64", "from_dlpack", "full", "int8",
     "int16", "int32", "int64", "memory_stats", "ones", "set_default_device", "set_memory_limit",

@@ -424,6 +424,68 @@ GA_HD double ga_normalize_value(const ga_normalize_desc *d, uint8_t x, int64_t c
 ga_status ga_cpu_normalize_images(const ga_normalize_desc *desc);
 ga_status ga_cuda_normalize_images(int device, const ga_normalize_desc *desc, ga_stream stream);
 
+/* ================================================================ logger */
+
+/* A LossLogger's accumulation state, one allocation in device (CUDA
+ * values) or host memory (Python numbers, CPU tensors), laid out as
+ *   int64  step                         the device-side step counter
+ *   double stats[max_metrics][GA_LOGGER_STATS]   the current window
+ *   uint64 present[capacity]            which metrics each step logged
+ *   float  values[capacity][max_metrics] every step's values (a ring)
+ * Steps count from 1; step s lives in ring row (s - 1) % capacity.  The
+ * window stats are all combinable by SUM (sum, count, nonfinite) or MAX
+ * (max, -min, -first non-finite step), so ranks can all-reduce them. */
+#define GA_LOGGER_MAX_METRICS 64
+#define GA_LOGGER_MAX_PER_CALL 16
+enum {
+    GA_LOGGER_SUM = 0,      /* of the finite values */
+    GA_LOGGER_COUNT,        /* finite values */
+    GA_LOGGER_NONFINITE,    /* NaN/inf values */
+    GA_LOGGER_MAX,          /* of the finite values; -inf when none */
+    GA_LOGGER_NEG_MIN,      /* -(min of the finite values); -inf when none */
+    GA_LOGGER_NEG_FIRST_BAD, /* -(first step with a non-finite value); -inf when none */
+    GA_LOGGER_STATS
+};
+
+typedef struct {
+    void *state;
+    int64_t capacity;
+    int max_metrics;
+    int n;                                      /* metrics in this call */
+    int metric[GA_LOGGER_MAX_PER_CALL];         /* their indices */
+    const void *value[GA_LOGGER_MAX_PER_CALL];  /* one element each */
+    ga_dtype dtype[GA_LOGGER_MAX_PER_CALL];
+    uint64_t present;                           /* bit per metric in this call */
+    int64_t step;  /* this call's step, or 0: take and advance the state's counter (graphs) */
+} ga_logger_update;
+
+GA_HD size_t ga_logger_stats_offset(void) { return sizeof(int64_t); }
+GA_HD size_t ga_logger_present_offset(int max_metrics)
+{
+    return sizeof(int64_t) + (size_t)max_metrics * GA_LOGGER_STATS * sizeof(double);
+}
+GA_HD size_t ga_logger_values_offset(int64_t capacity, int max_metrics)
+{
+    return ga_logger_present_offset(max_metrics) + (size_t)capacity * sizeof(uint64_t);
+}
+GA_HD size_t ga_logger_state_bytes(int64_t capacity, int max_metrics)
+{
+    return ga_logger_values_offset(capacity, max_metrics) +
+           (size_t)capacity * (size_t)max_metrics * sizeof(float);
+}
+
+/* Records one log() call.  A window reset empties the window stats (sums
+ * 0, maxima -inf) and clears the presence rows of the `nsteps` steps from
+ * `first_step` on, so steps that log nothing into this state read as such. */
+ga_status ga_cpu_logger_update(const ga_logger_update *u);
+void ga_cpu_logger_reset_window(void *state, int max_metrics, int64_t capacity, int64_t first_step,
+                                int64_t nsteps);
+ga_status ga_cuda_logger_update(int device, const ga_logger_update *u, ga_stream stream);
+ga_status ga_cuda_logger_reset_window(int device, void *state, int max_metrics, int64_t capacity,
+                                      int64_t first_step, int64_t nsteps, ga_stream stream);
+/* 1 when work queued on `stream` is being captured into a CUDA graph. */
+ga_status ga_cuda_stream_capturing(ga_stream stream, int *capturing);
+
 #ifdef __cplusplus
 }
 #endif

@@ -249,3 +249,24 @@ ga_status ga_cuda_normalize_images(int device, const ga_normalize_desc *desc, ga
     (void)device, (void)desc, (void)stream;
     return GA_NO_CUDA;
 }
+
+ga_status ga_cuda_logger_update(int device, const ga_logger_update *u, ga_stream stream)
+{
+    (void)device, (void)u, (void)stream;
+    return GA_NO_CUDA;
+}
+
+ga_status ga_cuda_logger_reset_window(int device, void *state, int max_metrics, int64_t capacity,
+                                      int64_t first_step, int64_t nsteps, ga_stream stream)
+{
+    (void)device, (void)state, (void)max_metrics, (void)capacity, (void)first_step, (void)nsteps,
+        (void)stream;
+    return GA_NO_CUDA;
+}
+
+ga_status ga_cuda_stream_capturing(ga_stream stream, int *capturing)
+{
+    (void)stream;
+    *capturing = 0;
+    return GA_NO_CUDA;
+}
