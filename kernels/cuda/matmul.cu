@@ -1,0 +1,755 @@
+/*
+ * matmul.cu — D[b] = epilogue(A[b] @ B[b]) on the GPU with cuBLASLt.
+ *
+ * gpuaccel's matrices are row-major (NumPy order); cuBLASLt's are
+ * column-major.  A row-major M x N matrix is, byte for byte, a column-major
+ * N x M matrix, so D = A @ B is computed as D^T = B^T @ A^T: cuBLASLt's
+ * "A" is our B, its "B" our A, its m our N and its n our M.  In that frame
+ *   - our bias (one value per column of D) is cuBLASLt's bias (one per row),
+ *   - our col_sums (sum of D over rows) are its BGRAD of the output (DGELU_BGRAD),
+ *   - our a_row_sums (sum over k of A) are its BGRADB (sum over k of its B).
+ *
+ * Three ways to run, tried in this order; the first that can express the
+ * call runs it, and matmul_stats() counts the unfused ones as fallbacks:
+ *   1. fused: one cuBLASLt call with the epilogue (BIAS, RELU(_BIAS),
+ *      GELU(_AUX)(_BIAS), DGELU(_BGRAD), BGRADB);
+ *   2. unfused: a plain cuBLASLt GEMM into D, then epilogue.cu's kernels
+ *      (bias + activation, activation gradient + column sums, row sums of A)
+ *      — when cuBLASLt has no algorithm for the fused epilogue (alignment,
+ *      an aux leading dimension, relu's pre-activation, which cuBLASLt
+ *      only keeps as a bit mask, ...);
+ *   3. generic: a tiled CUDA kernel for any strides, any float dtype and a
+ *      K of zero, then the same epilogue kernels — when cuBLASLt cannot
+ *      describe the layout at all (no unit stride, negative strides).
+ * A valid input therefore never ends in CUBLAS_STATUS_NOT_SUPPORTED.
+ *
+ * Plans (matrix layouts + the heuristic's algorithm, or "cuBLASLt cannot")
+ * are cached per process by everything that decides them: device, shapes,
+ * leading dimensions, batch strides, dtypes, epilogue, pointer alignments,
+ * TF32 and determinism flags.  The matmul descriptor itself is built on each
+ * call (a host-only struct) because it carries the call's pointers.
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include <mutex>
+#include <string>
+
+#include <cublasLt.h>
+#include <nvtx3/nvToolsExt.h>
+
+#include "../kernels.h"
+#include "common.cuh"
+#include "elem.cuh"
+#include "plan_cache.h"
+
+namespace {
+
+constexpr int kMaxDevices = 64;
+constexpr int kTile = 16;
+
+/* ------------------------------------------------------------ handles */
+
+std::mutex handle_mutex;
+cublasLtHandle_t handles[kMaxDevices];
+
+ga_status lt_handle(int device, cublasLtHandle_t *out)
+{
+    if (device < 0 || device >= kMaxDevices)
+        return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: device ordinal out of range");
+    std::lock_guard<std::mutex> lock(handle_mutex);
+    if (!handles[device])
+        GA_CUBLAS_TRY(cublasLtCreate(&handles[device]));
+    *out = handles[device];
+    return ga_ok();
+}
+
+struct NvtxRange {
+    explicit NvtxRange(const char *name) { nvtxRangePushA(name); }
+    ~NvtxRange() { nvtxRangePop(); }
+    NvtxRange(const NvtxRange &) = delete;
+    NvtxRange &operator=(const NvtxRange &) = delete;
+};
+
+/* --------------------------------------------------- generic GEMM kernel */
+
+struct GenericArgs {
+    int64_t batch, M, N, K;
+    const char *a, *b;
+    char *d;
+    ga_dtype a_dtype, b_dtype, d_dtype;
+    int64_t a_rs, a_cs, a_bs, b_rs, b_cs, b_bs, d_rs, d_cs, d_bs; /* elements */
+};
+
+/* One 16 x 16 tile of D per block and pass, K walked in 16-wide slabs
+ * through shared memory.  Every stride may be anything (zero, negative,
+ * unaligned): elements go through elem.cuh's loads. */
+template <typename Acc> __global__ void gemm_generic_kernel(GenericArgs g)
+{
+    __shared__ Acc as[kTile][kTile + 1], bs[kTile][kTile + 1];
+    size_t ai = ga_dtype_itemsize(g.a_dtype), bi = ga_dtype_itemsize(g.b_dtype),
+           di = ga_dtype_itemsize(g.d_dtype);
+    int tx = threadIdx.x, ty = threadIdx.y;
+    for (int64_t bt = blockIdx.z; bt < g.batch; bt += gridDim.z)
+        for (int64_t rt = blockIdx.y; rt * kTile < g.M; rt += gridDim.y) {
+            int64_t row = rt * kTile + ty, col = (int64_t)blockIdx.x * kTile + tx;
+            Acc acc = 0;
+            for (int64_t k0 = 0; k0 < g.K; k0 += kTile) {
+                int64_t ka = k0 + tx, kb = k0 + ty;
+                as[ty][tx] = row < g.M && ka < g.K
+                                 ? (Acc)load_f(g.a_dtype,
+                                               g.a + (bt * g.a_bs + row * g.a_rs + ka * g.a_cs) *
+                                                         (int64_t)ai,
+                                               false)
+                                 : (Acc)0;
+                bs[ty][tx] = kb < g.K && col < g.N
+                                 ? (Acc)load_f(g.b_dtype,
+                                               g.b + (bt * g.b_bs + kb * g.b_rs + col * g.b_cs) *
+                                                         (int64_t)bi,
+                                               false)
+                                 : (Acc)0;
+                __syncthreads();
+#pragma unroll
+                for (int kk = 0; kk < kTile; kk++)
+                    acc += as[ty][kk] * bs[kk][tx];
+                __syncthreads();
+            }
+            if (row < g.M && col < g.N)
+                store_bits(g.d + (bt * g.d_bs + row * g.d_rs + col * g.d_cs) * (int64_t)di,
+                           encode_f(g.d_dtype, (double)acc), di, false);
+        }
+}
+
+ga_status run_generic(const ga_matmul_desc *desc, cudaStream_t s)
+{
+    const ga_matrix &A = desc->a, &B = desc->b, &D = desc->d;
+    GenericArgs g = {desc->batch,  D.rows,         D.cols,         A.cols,
+                     (const char *)A.data, (const char *)B.data, (char *)D.data,
+                     A.dtype,      B.dtype,        D.dtype,
+                     A.row_stride, A.col_stride,   A.batch_stride, B.row_stride,
+                     B.col_stride, B.batch_stride, D.row_stride,   D.col_stride,
+                     D.batch_stride};
+    int64_t col_tiles = (g.N + kTile - 1) / kTile, row_tiles = (g.M + kTile - 1) / kTile;
+    if (col_tiles > INT32_MAX)
+        return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: too many columns for the generic kernel");
+    dim3 grid((unsigned)col_tiles, (unsigned)(row_tiles < 65535 ? row_tiles : 65535),
+              (unsigned)(g.batch < 65535 ? g.batch : 65535));
+    dim3 block(kTile, kTile);
+    bool f64 = A.dtype == GA_FLOAT64 || B.dtype == GA_FLOAT64 || D.dtype == GA_FLOAT64;
+    if (f64)
+        gemm_generic_kernel<double><<<grid, block, 0, s>>>(g);
+    else
+        gemm_generic_kernel<float><<<grid, block, 0, s>>>(g);
+    GA_CUDA_LAUNCH_CHECK("gemm_generic_kernel");
+    return ga_ok();
+}
+
+/* ------------------------------------------------------- the epilogue */
+
+/* A batch of matrices as a 3-D strided tensor (batch, rows, cols), strides
+ * in bytes, for epilogue.cu's kernels. */
+ga_tensor as_tensor(const ga_matrix &m, int64_t batch)
+{
+    ga_tensor t;
+    memset(&t, 0, sizeof t);
+    int64_t item = (int64_t)ga_dtype_itemsize(m.dtype);
+    t.data = m.data;
+    t.dtype = m.dtype;
+    t.ndim = 3;
+    t.shape[0] = batch;
+    t.shape[1] = m.rows;
+    t.shape[2] = m.cols;
+    t.strides[0] = m.batch_stride * item;
+    t.strides[1] = m.row_stride * item;
+    t.strides[2] = m.col_stride * item;
+    return t;
+}
+
+/* Everything the descriptor asks of the epilogue, applied to D in place
+ * after a plain GEMM (paths 2 and 3). */
+ga_status run_epilogue(int device, const ga_matmul_desc *desc, ga_stream stream)
+{
+    ga_tensor d = as_tensor(desc->d, desc->batch);
+    if (desc->dact != GA_ACT_NONE || desc->col_sums) {
+        ga_act_backward_desc bw;
+        memset(&bw, 0, sizeof bw);
+        bw.grad_y = d;
+        bw.activation = desc->dact;
+        if (desc->dact != GA_ACT_NONE) {
+            bw.aux = as_tensor(desc->dact_aux, desc->batch);
+            bw.dz = d;
+        } else {
+            bw.dz.dtype = d.dtype; /* only the sums: no dz written */
+        }
+        bw.bias_grad = desc->col_sums;
+        bw.bias_grad_dtype = desc->col_sums_dtype;
+        bw.channel_dim = 2;
+        GA_TRY_STATUS(ga_cuda_activation_backward(device, &bw, stream));
+    }
+    if (desc->bias || desc->activation != GA_ACT_NONE || desc->preact.data) {
+        ga_bias_act_desc fw;
+        memset(&fw, 0, sizeof fw);
+        fw.x = d;
+        fw.y = d;
+        if (desc->preact.data)
+            fw.preact = as_tensor(desc->preact, desc->batch);
+        fw.bias = desc->bias;
+        fw.bias_dtype = desc->bias_dtype;
+        fw.channel_dim = 2;
+        fw.activation = desc->activation;
+        GA_TRY_STATUS(ga_cuda_bias_activation(device, &fw, stream));
+    }
+    if (desc->a_row_sums) {
+        ga_act_backward_desc rs;
+        memset(&rs, 0, sizeof rs);
+        rs.grad_y = as_tensor(desc->a, 1);
+        rs.activation = GA_ACT_NONE;
+        rs.dz.dtype = desc->a.dtype;
+        rs.bias_grad = desc->a_row_sums;
+        rs.bias_grad_dtype = desc->a_row_sums_dtype;
+        rs.channel_dim = 1;
+        GA_TRY_STATUS(ga_cuda_activation_backward(device, &rs, stream));
+    }
+    return ga_ok();
+}
+
+/* ------------------------------------------------------------ cuBLASLt */
+
+cudaDataType_t lt_type(ga_dtype dtype)
+{
+    switch (dtype) {
+    case GA_FLOAT16: return CUDA_R_16F;
+    case GA_BFLOAT16: return CUDA_R_16BF;
+    case GA_FLOAT32: return CUDA_R_32F;
+    default: return CUDA_R_64F;
+    }
+}
+
+/* How cuBLASLt sees X^T: a column-major matrix `rows x cols` with leading
+ * dimension ld and op(X') = X^T.  False when X has no unit stride (or a
+ * negative one): cuBLASLt cannot describe it. */
+struct LtOperand {
+    cublasOperation_t op;
+    uint64_t rows, cols;
+    int64_t ld;
+};
+
+bool transposed_operand(const ga_matrix &X, LtOperand *out)
+{
+    int64_t r = X.rows, c = X.cols;
+    if ((c == 1 || X.col_stride == 1) && (r == 1 || X.row_stride >= (c > 1 ? c : 1))) {
+        /* row-major X is column-major X^T (c x r) */
+        out->op = CUBLAS_OP_N;
+        out->rows = (uint64_t)c;
+        out->cols = (uint64_t)r;
+        out->ld = r == 1 ? (c > 1 ? c : 1) : X.row_stride;
+        return true;
+    }
+    if ((r == 1 || X.row_stride == 1) && (c == 1 || X.col_stride >= (r > 1 ? r : 1))) {
+        /* column-major X (r x c), transposed by the op */
+        out->op = CUBLAS_OP_T;
+        out->rows = (uint64_t)r;
+        out->cols = (uint64_t)c;
+        out->ld = c == 1 ? (r > 1 ? r : 1) : X.col_stride;
+        return true;
+    }
+    return false;
+}
+
+/* An output-shaped matrix (D, preact, dact_aux) as column-major D^T:
+ * row-major with a unit column stride. */
+bool output_ld(const ga_matrix &X, int64_t *ld)
+{
+    if (!(X.cols == 1 || X.col_stride == 1))
+        return false;
+    int64_t need = X.cols > 1 ? X.cols : 1;
+    if (X.rows == 1) {
+        *ld = X.row_stride >= need ? X.row_stride : need;
+        return true;
+    }
+    if (X.row_stride < need)
+        return false;
+    *ld = X.row_stride;
+    return true;
+}
+
+bool batch_ok(const ga_matrix &X, int64_t batch, bool output)
+{
+    if (batch == 1)
+        return true;
+    return output ? X.batch_stride > 0 : X.batch_stride >= 0;
+}
+
+uint32_t alignment_of(const void *p)
+{
+    uintptr_t v = (uintptr_t)p;
+    uint32_t a = 256;
+    while (a > 1 && v % a)
+        a >>= 1;
+    return a;
+}
+
+/* The cuBLASLt epilogue for a descriptor, or false when none expresses it
+ * (then the GEMM runs plain and epilogue.cu finishes). */
+bool fused_epilogue(const ga_matmul_desc *desc, cublasLtEpilogue_t *out)
+{
+    bool bias = desc->bias != NULL, preact = desc->preact.data != NULL;
+    if (desc->a_row_sums) {
+        *out = CUBLASLT_EPILOGUE_BGRADB;
+        return true;
+    }
+    if (desc->dact == GA_ACT_GELU) {
+        if (desc->dact_aux.dtype != desc->d.dtype)
+            return false;
+        *out = desc->col_sums ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
+        return true;
+    }
+    if (desc->dact != GA_ACT_NONE || desc->col_sums)
+        return false; /* DRELU needs cuBLASLt's bit mask, not values */
+    switch (desc->activation) {
+    case GA_ACT_NONE:
+        if (preact)
+            return false;
+        *out = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+        return true;
+    case GA_ACT_RELU:
+        if (preact)
+            return false; /* RELU_AUX keeps a bit mask, not z */
+        *out = bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU;
+        return true;
+    case GA_ACT_GELU:
+        if (preact) {
+            if (desc->preact.dtype != desc->d.dtype)
+                return false;
+            *out = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+        } else {
+            *out = bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
+        }
+        return true;
+    }
+    return false;
+}
+
+bool epilogue_has_aux(cublasLtEpilogue_t e)
+{
+    return e == CUBLASLT_EPILOGUE_GELU_AUX || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS ||
+           e == CUBLASLT_EPILOGUE_DGELU || e == CUBLASLT_EPILOGUE_DGELU_BGRAD;
+}
+
+bool epilogue_has_bias_pointer(cublasLtEpilogue_t e)
+{
+    return e == CUBLASLT_EPILOGUE_BIAS || e == CUBLASLT_EPILOGUE_RELU_BIAS ||
+           e == CUBLASLT_EPILOGUE_GELU_BIAS || e == CUBLASLT_EPILOGUE_GELU_AUX_BIAS ||
+           e == CUBLASLT_EPILOGUE_DGELU_BGRAD || e == CUBLASLT_EPILOGUE_BGRADB;
+}
+
+/* Everything one cuBLASLt call needs besides its pointers. */
+struct LtCall {
+    LtOperand first, second; /* cuBLASLt's A (our B^T) and B (our A^T) */
+    int64_t ldd, ld_aux;
+    int64_t batch;
+    cublasLtEpilogue_t epilogue;
+    cublasComputeType_t compute;
+    cudaDataType_t scale_type, a_type, d_type, bias_type, aux_type;
+    const void *bias_ptr; /* bias, col_sums or a_row_sums */
+    void *aux_ptr;        /* preact or dact_aux */
+    int64_t aux_batch_stride;
+};
+
+void layout_destroy(cublasLtMatrixLayout_t l)
+{
+    if (l)
+        cublasLtMatrixLayoutDestroy(l);
+}
+
+/* A cached plan: the four layouts and the algorithm, or usable == false
+ * when cuBLASLt found none (then the fallback runs without asking again). */
+struct LtPlan {
+    bool usable = false;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
+    cublasLtMatmulAlgo_t algo;
+    ~LtPlan()
+    {
+        layout_destroy(a);
+        layout_destroy(b);
+        layout_destroy(c);
+        layout_destroy(d);
+    }
+};
+
+ga_status make_layout(cublasLtMatrixLayout_t *out, cudaDataType_t type, uint64_t rows,
+                      uint64_t cols, int64_t ld, int64_t batch, int64_t batch_stride)
+{
+    GA_CUBLAS_TRY(cublasLtMatrixLayoutCreate(out, type, rows, cols, ld));
+    if (batch > 1) {
+        int32_t count = (int32_t)batch;
+        GA_CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(*out, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                                                       &count, sizeof count));
+        GA_CUBLAS_TRY(cublasLtMatrixLayoutSetAttribute(
+            *out, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &batch_stride, sizeof batch_stride));
+    }
+    return ga_ok();
+}
+
+/* The call's matmul descriptor (freed by the caller). */
+ga_status make_matmul_desc(const LtCall &c, cublasLtMatmulDesc_t *out)
+{
+    GA_CUBLAS_TRY(cublasLtMatmulDescCreate(out, c.compute, c.scale_type));
+    cublasLtMatmulDesc_t d = *out;
+    GA_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSA, &c.first.op,
+                                                 sizeof c.first.op));
+    GA_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSB, &c.second.op,
+                                                 sizeof c.second.op));
+    GA_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_EPILOGUE, &c.epilogue,
+                                                 sizeof c.epilogue));
+    if (epilogue_has_bias_pointer(c.epilogue)) {
+        GA_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                     &c.bias_ptr, sizeof c.bias_ptr));
+        int32_t bt = (int32_t)c.bias_type;
+        GA_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt,
+                                                     sizeof bt));
+    }
+    if (epilogue_has_aux(c.epilogue)) {
+        GA_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                     &c.aux_ptr, sizeof c.aux_ptr));
+        GA_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                                                     &c.ld_aux, sizeof c.ld_aux));
+        if (c.batch > 1)
+            GA_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(
+                d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE, &c.aux_batch_stride,
+                sizeof c.aux_batch_stride));
+    }
+    return ga_ok();
+}
+
+bool lt_unsupported(cublasStatus_t s)
+{
+    return s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE ||
+           s == CUBLAS_STATUS_ARCH_MISMATCH;
+}
+
+struct DescGuard {
+    cublasLtMatmulDesc_t d = nullptr;
+    ~DescGuard()
+    {
+        if (d)
+            cublasLtMatmulDescDestroy(d);
+    }
+};
+
+struct PrefGuard {
+    cublasLtMatmulPreference_t p = nullptr;
+    ~PrefGuard()
+    {
+        if (p)
+            cublasLtMatmulPreferenceDestroy(p);
+    }
+};
+
+/* Builds the plan for `c` (layouts + heuristic).  A heuristic with no
+ * answer leaves plan->usable false: not an error, the fallback runs. */
+ga_status build_plan(cublasLtHandle_t handle, const LtCall &c, const ga_matmul_desc *desc,
+                     size_t workspace_size, LtPlan *plan)
+{
+    GA_TRY_STATUS(make_layout(&plan->a, c.a_type, c.first.rows, c.first.cols, c.first.ld, c.batch,
+                              desc->b.batch_stride));
+    GA_TRY_STATUS(make_layout(&plan->b, c.a_type, c.second.rows, c.second.cols, c.second.ld,
+                              c.batch, desc->a.batch_stride));
+    GA_TRY_STATUS(make_layout(&plan->c, c.d_type, (uint64_t)desc->d.cols, (uint64_t)desc->d.rows,
+                              c.ldd, c.batch, desc->d.batch_stride));
+    GA_TRY_STATUS(make_layout(&plan->d, c.d_type, (uint64_t)desc->d.cols, (uint64_t)desc->d.rows,
+                              c.ldd, c.batch, desc->d.batch_stride));
+    DescGuard md;
+    GA_TRY_STATUS(make_matmul_desc(c, &md.d));
+    PrefGuard pref;
+    GA_CUBLAS_TRY(cublasLtMatmulPreferenceCreate(&pref.p));
+    uint64_t ws = workspace_size;
+    GA_CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(
+        pref.p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    uint32_t align[4] = {alignment_of(desc->b.data), alignment_of(desc->a.data),
+                         alignment_of(desc->d.data), alignment_of(desc->d.data)};
+    const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int k = 0; k < 4; k++)
+        GA_CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(pref.p, align_attr[k], &align[k],
+                                                           sizeof align[k]));
+    if (desc->deterministic) {
+        uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
+        GA_CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(
+            pref.p, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &scheme, sizeof scheme));
+    }
+    cublasLtMatmulHeuristicResult_t result;
+    int found = 0;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle, md.d, plan->a, plan->b, plan->c,
+                                                       plan->d, pref.p, 1, &result, &found);
+    if (st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
+        plan->algo = result.algo;
+        plan->usable = true;
+    } else if (st != CUBLAS_STATUS_SUCCESS && !lt_unsupported(st)) {
+        return ga_cublas_error(st, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
+    }
+    return ga_ok();
+}
+
+std::string plan_key(int device, const LtCall &c, const ga_matmul_desc *desc,
+                     size_t workspace_size)
+{
+    std::string key;
+    key.reserve(200);
+    ga_key_append(key, device);
+    ga_key_append(key, c.first);
+    ga_key_append(key, c.second);
+    ga_key_append(key, c.ldd);
+    ga_key_append(key, c.ld_aux);
+    ga_key_append(key, c.batch);
+    ga_key_append(key, c.epilogue);
+    ga_key_append(key, c.compute);
+    ga_key_append(key, c.a_type);
+    ga_key_append(key, c.d_type);
+    ga_key_append(key, c.bias_type);
+    ga_key_append(key, c.aux_batch_stride);
+    ga_key_append(key, desc->a.batch_stride);
+    ga_key_append(key, desc->b.batch_stride);
+    ga_key_append(key, desc->d.batch_stride);
+    ga_key_append(key, desc->d.rows);
+    ga_key_append(key, desc->d.cols);
+    uint32_t align[5] = {alignment_of(desc->a.data), alignment_of(desc->b.data),
+                         alignment_of(desc->d.data), alignment_of(c.bias_ptr),
+                         alignment_of(c.aux_ptr)};
+    ga_key_append(key, align);
+    ga_key_append(key, desc->deterministic);
+    ga_key_append(key, workspace_size);
+    return key;
+}
+
+/* Describes the call to cuBLASLt with the given epilogue (DEFAULT for the
+ * plain GEMM of the unfused path).  False: cuBLASLt cannot express it. */
+bool describe(const ga_matmul_desc *desc, cublasLtEpilogue_t epilogue, LtCall *c)
+{
+    memset(c, 0, sizeof *c);
+    const ga_matrix &A = desc->a, &B = desc->b, &D = desc->d;
+    if (desc->batch > INT32_MAX || !batch_ok(A, desc->batch, false) ||
+        !batch_ok(B, desc->batch, false) || !batch_ok(D, desc->batch, true))
+        return false;
+    if (!transposed_operand(B, &c->first) || !transposed_operand(A, &c->second) ||
+        !output_ld(D, &c->ldd))
+        return false;
+    c->batch = desc->batch;
+    c->epilogue = epilogue;
+    c->a_type = lt_type(A.dtype);
+    c->d_type = lt_type(D.dtype);
+    switch (A.dtype) {
+    case GA_FLOAT64:
+        c->compute = CUBLAS_COMPUTE_64F;
+        c->scale_type = CUDA_R_64F;
+        break;
+    case GA_FLOAT32:
+        c->compute = desc->allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+        c->scale_type = CUDA_R_32F;
+        break;
+    default:
+        c->compute = CUBLAS_COMPUTE_32F;
+        c->scale_type = CUDA_R_32F;
+        break;
+    }
+    if (epilogue == CUBLASLT_EPILOGUE_BGRADB) {
+        c->bias_ptr = desc->a_row_sums;
+        c->bias_type = lt_type(desc->a_row_sums_dtype);
+    } else if (epilogue == CUBLASLT_EPILOGUE_DGELU_BGRAD) {
+        c->bias_ptr = desc->col_sums;
+        c->bias_type = lt_type(desc->col_sums_dtype);
+    } else if (epilogue_has_bias_pointer(epilogue)) {
+        c->bias_ptr = desc->bias;
+        c->bias_type = lt_type(desc->bias_dtype);
+    }
+    if (epilogue_has_aux(epilogue)) {
+        const ga_matrix &X = desc->dact != GA_ACT_NONE ? desc->dact_aux : desc->preact;
+        if (!output_ld(X, &c->ld_aux) || c->ld_aux % 8 || (uintptr_t)X.data % 16 ||
+            !batch_ok(X, desc->batch, true) || (desc->batch > 1 && X.batch_stride % 8))
+            return false;
+        c->aux_ptr = X.data;
+        c->aux_batch_stride = X.batch_stride;
+    }
+    if (c->bias_ptr && (uintptr_t)c->bias_ptr % 16)
+        return false;
+    return true;
+}
+
+/* One cuBLASLt call.  *ran false: cuBLASLt has no algorithm for it (the
+ * caller falls back); a real failure is returned as an error. */
+ga_status lt_matmul(int device, const ga_matmul_desc *desc, const LtCall &c, void *workspace,
+                    size_t workspace_size, cudaStream_t s, bool *ran, int *cache_hit)
+{
+    *ran = false;
+    cublasLtHandle_t handle;
+    GA_TRY_STATUS(lt_handle(device, &handle));
+    GaPlanCache &cache = ga_matmul_plan_cache();
+    std::string key = plan_key(device, c, desc, workspace_size);
+    std::shared_ptr<void> found = cache.find(key);
+    *cache_hit = found != nullptr;
+    if (!found) {
+        std::shared_ptr<LtPlan> fresh = std::make_shared<LtPlan>();
+        GA_TRY_STATUS(build_plan(handle, c, desc, workspace_size, fresh.get()));
+        cache.insert(key, fresh);
+        found = fresh;
+    }
+    LtPlan *plan = static_cast<LtPlan *>(found.get());
+    if (!plan->usable)
+        return ga_ok();
+    DescGuard md;
+    GA_TRY_STATUS(make_matmul_desc(c, &md.d));
+    float one_f = 1.0f, zero_f = 0.0f;
+    double one_d = 1.0, zero_d = 0.0;
+    const void *alpha = c.scale_type == CUDA_R_64F ? (const void *)&one_d : (const void *)&one_f;
+    const void *beta = c.scale_type == CUDA_R_64F ? (const void *)&zero_d : (const void *)&zero_f;
+    cublasStatus_t st = cublasLtMatmul(handle, md.d, alpha, desc->b.data, plan->a, desc->a.data,
+                                       plan->b, beta, desc->d.data, plan->c, desc->d.data, plan->d,
+                                       &plan->algo, workspace, workspace_size, s);
+    if (st == CUBLAS_STATUS_SUCCESS) {
+        *ran = true;
+        return ga_ok();
+    }
+    if (lt_unsupported(st)) {
+        plan->usable = false; /* do not try this plan again */
+        return ga_ok();
+    }
+    return ga_cublas_error(st, "cublasLtMatmul", __FILE__, __LINE__);
+}
+
+bool valid_float(ga_dtype dtype)
+{
+    return (unsigned)dtype < GA_NUM_DTYPES && ga_dtype_is_float(dtype);
+}
+
+ga_status validate(const ga_matmul_desc *d)
+{
+    const ga_matrix &A = d->a, &B = d->b, &D = d->d;
+    int64_t M = A.rows, K = A.cols, N = B.cols;
+    if (d->batch < 0 || M < 0 || K < 0 || N < 0)
+        return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: negative size");
+    if (!valid_float(A.dtype) || B.dtype != A.dtype)
+        return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: A and B must share one float dtype");
+    if (!(D.dtype == A.dtype ||
+          (D.dtype == GA_FLOAT32 && (A.dtype == GA_FLOAT16 || A.dtype == GA_BFLOAT16))))
+        return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: D must be A's dtype, or float32 for "
+                                               "16-bit inputs");
+    if (B.rows != K || D.rows != M || D.cols != N)
+        return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: shapes do not match");
+    bool empty = d->batch == 0 || M == 0 || N == 0;
+    if (!empty && (!D.data || (K > 0 && (!A.data || !B.data))))
+        return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: a matrix has no data");
+    if (d->bias && !(d->bias_dtype == A.dtype || d->bias_dtype == D.dtype))
+        return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: bias must have A's or D's dtype");
+    if (d->preact.data && (d->preact.rows != M || d->preact.cols != N || d->preact.dtype != D.dtype))
+        return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: preact must be M x N of D's dtype");
+    if ((unsigned)d->activation > GA_ACT_GELU || (unsigned)d->dact > GA_ACT_GELU)
+        return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: unknown activation");
+    if (d->dact != GA_ACT_NONE) {
+        if (d->bias || d->activation != GA_ACT_NONE || d->preact.data)
+            return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: a backward epilogue excludes the "
+                                                   "forward one");
+        if (d->dact_aux.rows != M || d->dact_aux.cols != N || !valid_float(d->dact_aux.dtype) ||
+            (!empty && !d->dact_aux.data))
+            return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: dact_aux must be M x N");
+    }
+    if (d->col_sums && !valid_float(d->col_sums_dtype))
+        return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: col_sums must have a float dtype");
+    if (d->a_row_sums) {
+        if (d->batch != 1 || d->bias || d->activation != GA_ACT_NONE || d->preact.data ||
+            d->dact != GA_ACT_NONE || d->col_sums)
+            return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: a_row_sums only with no other "
+                                                   "epilogue and batch 1");
+        if (!valid_float(d->a_row_sums_dtype))
+            return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: a_row_sums must have a float dtype");
+    }
+    return ga_ok();
+}
+
+/* Zeros a float vector (the sums over an empty matrix). */
+ga_status zero_vector(int device, void *data, ga_dtype dtype, int64_t n, cudaStream_t s)
+{
+    ga_tensor t;
+    memset(&t, 0, sizeof t);
+    t.data = data;
+    t.dtype = dtype;
+    t.ndim = 1;
+    t.shape[0] = n;
+    t.strides[0] = (int64_t)ga_dtype_itemsize(dtype);
+    ga_scalar zero = {0, 0, 0.0};
+    return ga_cuda_fill(device, &t, zero, (ga_stream)s);
+}
+
+} // namespace
+
+extern "C" size_t ga_cuda_matmul_workspace_size(int device)
+{
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return (size_t)4 << 20;
+    }
+    return (size_t)(major >= 9 ? 32 : 4) << 20;
+}
+
+extern "C" ga_status ga_cuda_matmul(int device, const ga_matmul_desc *desc, void *workspace,
+                                    size_t workspace_size, ga_stream stream,
+                                    ga_op_report *report)
+{
+    GA_TRY_STATUS(validate(desc));
+    ga_op_report rep = {0, 0, 0, 0};
+    const ga_matrix &A = desc->a, &D = desc->d;
+    if (desc->batch == 0 || D.rows == 0 || D.cols == 0) {
+        /* nothing to compute; an empty a_row_sums/col_sums still has length */
+        if (report)
+            *report = rep;
+        if (desc->a_row_sums && A.rows > 0) {
+            GA_WITH_DEVICE(device);
+            return zero_vector(device, desc->a_row_sums, desc->a_row_sums_dtype, A.rows,
+                               ga_cu_stream(stream));
+        }
+        if (desc->col_sums && D.cols > 0) {
+            GA_WITH_DEVICE(device);
+            return zero_vector(device, desc->col_sums, desc->col_sums_dtype, D.cols,
+                               ga_cu_stream(stream));
+        }
+        return ga_ok();
+    }
+    NvtxRange range("gpuaccel::matmul");
+    GA_WITH_DEVICE(device);
+    cudaStream_t s = ga_cu_stream(stream);
+    if (!workspace)
+        workspace_size = 0;
+
+    bool done = false;
+    LtCall c;
+    cublasLtEpilogue_t epilogue;
+    bool k_zero = A.cols == 0; /* cuBLASLt wants k >= 1: the generic kernel writes zeros */
+    /* 1. fused */
+    if (!k_zero && fused_epilogue(desc, &epilogue) && describe(desc, epilogue, &c)) {
+        int hit = 0;
+        GA_TRY_STATUS(lt_matmul(device, desc, c, workspace, workspace_size, s, &done, &hit));
+        if (done) {
+            rep.fused = epilogue != CUBLASLT_EPILOGUE_DEFAULT;
+            rep.cache_hit = hit;
+            if (report)
+                *report = rep;
+            return ga_ok();
+        }
+    }
+    bool has_epilogue = desc->bias || desc->activation != GA_ACT_NONE || desc->preact.data ||
+                        desc->dact != GA_ACT_NONE || desc->col_sums || desc->a_row_sums;
+    /* 2. plain cuBLASLt GEMM, 3. the generic kernel; then epilogue.cu */
+    if (!k_zero && describe(desc, CUBLASLT_EPILOGUE_DEFAULT, &c)) {
+        int hit = 0;
+        GA_TRY_STATUS(lt_matmul(device, desc, c, workspace, workspace_size, s, &done, &hit));
+        rep.cache_hit = hit;
+    }
+    if (!done)
+        GA_TRY_STATUS(run_generic(desc, s));
+    GA_TRY_STATUS(run_epilogue(device, desc, stream));
+    rep.fallback = has_epilogue || !done;
+    if (report)
+        *report = rep;
+    return ga_ok();
+}
