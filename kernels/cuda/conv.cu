@@ -1,0 +1,1821 @@
+/*
+ * conv.cu — 2-D convolution on the GPU: forward (with bias, activation and
+ * the pre-activation output fused in), backward data and backward filter.
+ *
+ * The work goes to cuDNN's graph (backend) API.  Each call describes its
+ * problem as an operation graph — conv fprop [-> add bias] [-> relu/gelu]
+ * for forward, one dgrad or wgrad operation for the backward ops — and
+ * runs an execution plan for it.  Plans are chosen once per problem, like
+ * torch.backends.cudnn.benchmark, but the choice is also handed to the
+ * caller as a short string ("eng12:k1=0,k3=2") so that the next process can
+ * rebuild exactly that engine configuration without timing again.
+ *
+ * Routes, tried in this order until one works:
+ *   graph    the requested graph (the fused one when there is an epilogue);
+ *   unfused  conv-only graph into y, then ga_cuda_bias_activation (fused
+ *            graphs need runtime-fusion engines, which many layouts,
+ *            dtypes and GPUs lack);
+ *   direct   gpuaccel's own direct-convolution kernels: slow, but correct
+ *            for every stride pattern, group count and float dtype.
+ * The route and engine that worked are cached per problem (plan_cache.h),
+ * failures included, so a problem pays for the search once per process.
+ *
+ * Threads: a cuDNN handle must not be used by two threads at once, and
+ * cuDNN reports that execution plans are not safe to share between threads
+ * either.  So each thread takes its own handle per device from a pool
+ * (handles go back to the pool when the thread exits and are never
+ * destroyed), and a cache entry keeps one finalized plan per handle: the
+ * engine choice is shared by all threads, a plan only by the thread that
+ * currently owns its handle.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cudnn.h>
+#include <nvtx3/nvToolsExt.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "../activation.h"
+#include "common.cuh"
+#include "plan_cache.h"
+
+namespace {
+
+/* ============================================================== limits */
+
+constexpr int kThreads = 256;                 /* direct kernels; a power of two */
+constexpr int64_t kMaxBlocks = 65535LL * 8;
+constexpr int kMaxCandidates = 6;             /* plans timed per graph */
+constexpr int kMaxFinalizeAttempts = 16;      /* finalizations tried per heuristic mode */
+constexpr int64_t kMaxHeuristicResults = 64;
+constexpr int kTimedIterations = 3;           /* after one warm-up run */
+constexpr int kMaxNotes = 64;                 /* more than cuDNN defines, for newer versions */
+
+/* Tensor unique ids inside a graph.  x, w, y are the convolution's roles:
+ * forward reads x, w and writes y; backward data reads y (dy), w and writes
+ * x (dx); backward filter reads x, y (dy) and writes w (dw). */
+constexpr int64_t kUidX = 1, kUidW = 2, kUidY = 3, kUidBias = 4, kUidPreact = 5;
+constexpr int64_t kUidConvOut = 101, kUidAddOut = 102; /* virtual */
+
+enum OpKind { OP_FWD = 0, OP_BWD_DATA = 1, OP_BWD_FILTER = 2 };
+enum GraphKind { GRAPH_CONV = 0, GRAPH_FUSED = 1 };
+enum Route { ROUTE_GRAPH = 0, ROUTE_UNFUSED = 1, ROUTE_DIRECT = 2 };
+
+/* ================================================================ nvtx */
+
+class NvtxRange {
+  public:
+    explicit NvtxRange(const char *name) { nvtxRangePushA(name); }
+    ~NvtxRange() { nvtxRangePop(); }
+    NvtxRange(const NvtxRange &) = delete;
+    NvtxRange &operator=(const NvtxRange &) = delete;
+};
+
+/* ==================================================== backend descriptors */
+
+/* Set at process exit, before the plan cache is destroyed: by then cuDNN's
+ * own state may already be gone, so cached descriptors are left to the OS
+ * rather than destroyed through a library that is shutting down. */
+std::atomic<bool> g_exiting{false};
+
+void mark_exiting() { g_exiting.store(true); }
+
+/* Registered after the plan cache and cuDNN exist, so that it runs before
+ * either is torn down (exit handlers and static destructors run in reverse
+ * order of registration). */
+void register_exit_hook()
+{
+    static std::once_flag once;
+    std::call_once(once, [] { std::atexit(mark_exiting); });
+}
+
+/* One backend descriptor, destroyed with its owner on every path. */
+class Desc {
+  public:
+    Desc() = default;
+    explicit Desc(cudnnBackendDescriptor_t d) : d_(d) {}
+    ~Desc() { reset(); }
+    Desc(Desc &&other) noexcept : d_(other.d_) { other.d_ = nullptr; }
+    Desc &operator=(Desc &&other) noexcept
+    {
+        if (this != &other) {
+            reset();
+            d_ = other.d_;
+            other.d_ = nullptr;
+        }
+        return *this;
+    }
+    Desc(const Desc &) = delete;
+    Desc &operator=(const Desc &) = delete;
+
+    cudnnBackendDescriptor_t get() const { return d_; }
+    void reset()
+    {
+        if (d_ && !g_exiting.load())
+            cudnnBackendDestroyDescriptor(d_);
+        d_ = nullptr;
+    }
+
+  private:
+    cudnnBackendDescriptor_t d_ = nullptr;
+};
+
+ga_status make_desc(cudnnBackendDescriptorType_t type, Desc *out)
+{
+    cudnnBackendDescriptor_t d = nullptr;
+    GA_CUDNN_TRY(cudnnBackendCreateDescriptor(type, &d));
+    *out = Desc(d);
+    return ga_ok();
+}
+
+/* Internally GA_ERR_NOT_SUPPORTED means "cuDNN cannot do this here, take
+ * the next route"; it never reaches the caller, since the direct kernels
+ * accept every valid problem. */
+ga_status unsupported(const char *why, const char *where, const char *file, int line)
+{
+    return ga_status_make(GA_ERR_NOT_SUPPORTED, 0, 0, why, where, file, line);
+}
+#define CONV_UNSUPPORTED(why) unsupported((why), __func__, __FILE__, __LINE__)
+
+bool is_unsupported(const ga_status &st) { return st.error == GA_ERR_NOT_SUPPORTED; }
+
+/* Statuses that mean "this graph / configuration does not run here": the
+ * parameter and not-supported families, a missing engine sub-library and a
+ * failed runtime compilation.  Anything else is a real error. */
+bool soft_failure(cudnnStatus_t s)
+{
+    int category = (int)s / 1000 * 1000;
+    return category == CUDNN_STATUS_BAD_PARAM || category == CUDNN_STATUS_NOT_SUPPORTED ||
+           s == CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED ||
+           s == CUDNN_STATUS_INTERNAL_ERROR_COMPILATION_FAILED;
+}
+
+ga_status finalize_status(cudnnStatus_t s, const char *call, const char *file, int line)
+{
+    if (s == CUDNN_STATUS_SUCCESS)
+        return ga_ok();
+    if (soft_failure(s)) {
+        (void)cudaGetLastError(); /* a failed module load must not be blamed on a later launch */
+        return ga_status_make(GA_ERR_NOT_SUPPORTED, (int)s, cudnnGetErrorString(s),
+                              "cuDNN rejected this graph", call, file, line);
+    }
+    return ga_cudnn_error(s, call, file, line);
+}
+
+/* Setting an attribute only fails on a wrong name, type or count — a bug
+ * here, reported as such; finalizing checks the content and may say "not
+ * supported", which selects the next route. */
+#define GA_SET(desc, name, type, count, values)                                  \
+    GA_CUDNN_TRY(cudnnBackendSetAttribute((desc), (name), (type), (count), (values)))
+#define GA_FINALIZE(desc)                                                        \
+    GA_TRY_STATUS(finalize_status(cudnnBackendFinalize(desc),                   \
+                                  "cudnnBackendFinalize(" #desc ")", __FILE__, __LINE__))
+
+/* ================================================================ handles */
+
+/* Handles are pooled, never destroyed: a plan finalized with a handle stays
+ * valid for as long as the cache holds it, and the thread that takes the
+ * handle next inherits those plans. */
+struct HandlePool {
+    std::mutex mutex;
+    std::vector<std::pair<int, cudnnHandle_t>> idle;
+};
+
+HandlePool &handle_pool()
+{
+    static HandlePool *pool = new HandlePool; /* outlives every thread */
+    return *pool;
+}
+
+struct ThreadHandles {
+    std::vector<std::pair<int, cudnnHandle_t>> held;
+    ~ThreadHandles()
+    {
+        if (held.empty())
+            return;
+        HandlePool &pool = handle_pool();
+        std::lock_guard<std::mutex> lock(pool.mutex);
+        for (auto &h : held)
+            pool.idle.push_back(h);
+    }
+};
+
+thread_local ThreadHandles t_handles;
+
+/* The calling thread's handle for `device` (which is current). */
+ga_status thread_handle(int device, cudnnHandle_t *out)
+{
+    for (auto &h : t_handles.held) {
+        if (h.first == device) {
+            *out = h.second;
+            return ga_ok();
+        }
+    }
+    HandlePool &pool = handle_pool();
+    std::lock_guard<std::mutex> lock(pool.mutex);
+    cudnnHandle_t handle = nullptr;
+    for (size_t i = 0; i < pool.idle.size(); i++) {
+        if (pool.idle[i].first == device) {
+            handle = pool.idle[i].second;
+            pool.idle.erase(pool.idle.begin() + (ptrdiff_t)i);
+            break;
+        }
+    }
+    /* created under the lock: cuDNN wants concurrent first cudnnCreate calls
+     * serialized */
+    if (!handle)
+        GA_CUDNN_TRY(cudnnCreate(&handle));
+    t_handles.held.emplace_back(device, handle);
+    *out = handle;
+    return ga_ok();
+}
+
+/* cuDNN gets 0 for the legacy default stream: the special handle value 1 is
+ * only defined for the runtime it was created by. */
+cudaStream_t cudnn_stream(cudaStream_t s)
+{
+    return s == cudaStreamLegacy ? (cudaStream_t)0 : s;
+}
+
+/* ================================================================ problem */
+
+/* One tensor as the graph and the direct kernels see it, in NCHW order. */
+struct View {
+    void *data = nullptr;
+    int64_t dims[4] = {0, 0, 0, 0};
+    int64_t bstrides[4] = {0, 0, 0, 0}; /* bytes, as given (direct kernels) */
+    int64_t strides[4] = {0, 0, 0, 0};  /* elements, size-1 dims normalized (graph) */
+    int64_t align = 0;                  /* bytes the pointer is aligned to, at most 16 */
+    int vote = 0;                       /* +1 channels-last, -1 channels-first, 0 either */
+};
+
+struct Problem {
+    OpKind op = OP_FWD;
+    ga_dtype dtype = GA_FLOAT32;
+    int64_t itemsize = 4;
+    ga_conv_geometry geom;
+    View x, w, y;
+    bool has_bias = false;
+    View bias; /* dims (1, K, 1, 1) */
+    ga_activation act = GA_ACT_NONE;
+    bool has_preact = false;
+    View preact;
+    bool nhwc = false;      /* the layout the graph describes (finish_problem) */
+    void *ws = nullptr;
+    size_t ws_size = 0;     /* usable workspace bytes (0 without a workspace) */
+    bool eligible = true;   /* every tensor is describable to cuDNN */
+    const ga_tensor *ty = nullptr, *tpreact = nullptr; /* for the epilogue and copies */
+};
+
+bool has_epilogue(const Problem &p)
+{
+    return p.op == OP_FWD && (p.has_bias || p.act != GA_ACT_NONE);
+}
+
+int64_t pointer_alignment(const void *p)
+{
+    uintptr_t a = (uintptr_t)p;
+    if (a == 0)
+        return 16;
+    a &= ~a + 1; /* lowest set bit */
+    return a >= 16 ? 16 : (int64_t)a;
+}
+
+/* Gives each size-1 dim (whose stride never matters for addressing, and
+ * which frameworks set to anything) the stride a packed tensor of the
+ * layout would have: cuDNN engines pick kernels by the layout the strides
+ * describe, and a 1x1 map or a batch of one must not look like another
+ * layout than its neighbours. */
+void normalize_strides(const int64_t dims[4], int64_t strides[4], bool nhwc)
+{
+    static const int nchw_order[4] = {3, 2, 1, 0}; /* innermost first */
+    static const int nhwc_order[4] = {1, 3, 2, 0};
+    const int *order = nhwc ? nhwc_order : nchw_order;
+    int64_t extent = 1;
+    for (int i = 0; i < 4; i++) {
+        int d = order[i];
+        if (dims[d] == 1)
+            strides[d] = extent;
+        else
+            extent = std::max(extent, strides[d] * dims[d]);
+    }
+}
+
+/* What a tensor says about its layout: channels inside every non-trivial
+ * spatial dim (+1), outside all of them (-1), or nothing (0: one channel,
+ * a 1x1 map, or a mixed order). */
+int layout_vote(const int64_t dims[4], const int64_t strides[4])
+{
+    if (dims[1] <= 1)
+        return 0;
+    bool spatial = false, inner = true, outer = true;
+    for (int d = 2; d < 4; d++) {
+        if (dims[d] <= 1)
+            continue;
+        spatial = true;
+        inner = inner && strides[1] < strides[d];
+        outer = outer && strides[1] > strides[d];
+    }
+    return !spatial ? 0 : inner ? 1 : outer ? -1 : 0;
+}
+
+/* Fills v from t; returns whether cuDNN can take it as is: every dim
+ * non-empty, positive strides in whole elements, an element-aligned
+ * pointer (zero or negative strides, overlaps and odd offsets go to the
+ * direct kernels).  The strides are normalized later, by finish_problem. */
+bool make_view(const ga_tensor *t, int64_t itemsize, View *v)
+{
+    bool ok = t->data != nullptr;
+    v->data = t->data;
+    v->align = pointer_alignment(t->data);
+    ok = ok && v->align >= itemsize;
+    for (int d = 0; d < 4; d++) {
+        v->dims[d] = t->shape[d];
+        v->bstrides[d] = t->strides[d];
+        v->strides[d] = t->strides[d] / itemsize;
+        ok = ok && t->shape[d] > 0;
+        if (t->shape[d] > 1)
+            ok = ok && t->strides[d] > 0 && t->strides[d] % itemsize == 0;
+    }
+    v->vote = layout_vote(v->dims, v->strides);
+    return ok;
+}
+
+void make_bias_view(const void *bias, int64_t k, int64_t itemsize, bool nhwc, View *v)
+{
+    v->data = const_cast<void *>(bias);
+    v->align = pointer_alignment(bias);
+    int64_t dims[4] = {1, k, 1, 1};
+    for (int d = 0; d < 4; d++) {
+        v->dims[d] = dims[d];
+        v->bstrides[d] = d == 1 ? itemsize : k * itemsize;
+        v->strides[d] = d == 1 ? 1 : k;
+    }
+    /* in the problem's layout, so the add sees one: (K,1,1,1) or (K,1,K,K) */
+    normalize_strides(v->dims, v->strides, nhwc);
+}
+
+/* Packed strides of y's shape in the problem's layout, for the virtual
+ * intermediates. */
+void packed_strides(const Problem &p, int64_t strides[4])
+{
+    const int64_t *d = p.y.dims;
+    if (p.nhwc) {
+        strides[1] = 1;
+        strides[3] = d[1];
+        strides[2] = d[1] * d[3];
+        strides[0] = d[1] * d[3] * d[2];
+    } else {
+        strides[3] = 1;
+        strides[2] = d[3];
+        strides[1] = d[3] * d[2];
+        strides[0] = d[3] * d[2] * d[1];
+    }
+}
+
+cudnnDataType_t io_type(ga_dtype d)
+{
+    switch (d) {
+    case GA_FLOAT16: return CUDNN_DATA_HALF;
+    case GA_BFLOAT16: return CUDNN_DATA_BFLOAT16;
+    case GA_FLOAT64: return CUDNN_DATA_DOUBLE;
+    default: return CUDNN_DATA_FLOAT;
+    }
+}
+
+/* float for float16/bfloat16/float32, double for float64 */
+cudnnDataType_t compute_type(ga_dtype d)
+{
+    return d == GA_FLOAT64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
+}
+
+void *uid_pointer(const Problem &p, int64_t uid)
+{
+    switch (uid) {
+    case kUidX: return p.x.data;
+    case kUidW: return p.w.data;
+    case kUidY: return p.y.data;
+    case kUidBias: return p.bias.data;
+    case kUidPreact: return p.preact.data;
+    default: return nullptr;
+    }
+}
+
+/* The plan cache key: everything the graph, the engine filter and the
+ * workspace limit depend on (the pointers only through their alignment). */
+void key_view(std::string &key, const View &v)
+{
+    for (int d = 0; d < 4; d++) {
+        ga_key_append(key, v.dims[d]);
+        ga_key_append(key, v.strides[d]);
+    }
+    ga_key_append(key, v.align);
+}
+
+std::string make_key(int device, const Problem &p)
+{
+    std::string key;
+    key.reserve(512);
+    key.append("gpuaccel.conv2d.v1");
+    ga_key_append(key, device);
+    ga_key_append(key, (int)p.op);
+    ga_key_append(key, (int)p.dtype);
+    const ga_conv_geometry &g = p.geom;
+    for (int i = 0; i < 2; i++) {
+        ga_key_append(key, g.stride[i]);
+        ga_key_append(key, g.padding[i]);
+        ga_key_append(key, g.dilation[i]);
+    }
+    ga_key_append(key, g.groups);
+    ga_key_append(key, (int)(g.allow_tf32 != 0));
+    ga_key_append(key, (int)(g.deterministic != 0));
+    ga_key_append(key, (int)p.nhwc);
+    key_view(key, p.x);
+    key_view(key, p.w);
+    key_view(key, p.y);
+    ga_key_append(key, (int)p.has_bias);
+    if (p.has_bias)
+        key_view(key, p.bias);
+    ga_key_append(key, (int)p.act);
+    ga_key_append(key, (int)p.has_preact);
+    if (p.has_preact)
+        key_view(key, p.preact);
+    ga_key_append(key, (uint64_t)p.ws_size);
+    return key;
+}
+
+/* ================================================================= graphs */
+
+/* The descriptors of one operation graph.  Kept alive with every plan made
+ * from it: cuDNN does not promise that a finalized plan is independent of
+ * the descriptors it was built from. */
+struct Graph {
+    std::vector<Desc> parts;   /* tensors, conv/pointwise descriptors, operations */
+    Desc op_graph;             /* destroyed before the parts */
+    std::vector<int64_t> uids; /* the real (non-virtual) tensors */
+};
+
+ga_status add_tensor(Graph &g, int64_t uid, cudnnDataType_t type, const int64_t dims[4],
+                     const int64_t strides[4], int64_t align, bool is_virtual,
+                     cudnnBackendDescriptor_t *out)
+{
+    Desc t;
+    GA_TRY_STATUS(make_desc(CUDNN_BACKEND_TENSOR_DESCRIPTOR, &t));
+    GA_SET(t.get(), CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type);
+    GA_SET(t.get(), CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims);
+    GA_SET(t.get(), CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides);
+    GA_SET(t.get(), CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid);
+    GA_SET(t.get(), CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &align);
+    if (is_virtual) {
+        bool yes = true;
+        GA_SET(t.get(), CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &yes);
+    }
+    GA_FINALIZE(t.get());
+    *out = t.get();
+    if (!is_virtual)
+        g.uids.push_back(uid);
+    g.parts.push_back(std::move(t));
+    return ga_ok();
+}
+
+ga_status add_real_tensor(Graph &g, int64_t uid, const Problem &p, const View &v,
+                          cudnnBackendDescriptor_t *out)
+{
+    return add_tensor(g, uid, io_type(p.dtype), v.dims, v.strides, v.align, false, out);
+}
+
+/* An intermediate the engine keeps in registers: y's shape, compute type. */
+ga_status add_virtual_tensor(Graph &g, int64_t uid, const Problem &p,
+                             cudnnBackendDescriptor_t *out)
+{
+    int64_t strides[4];
+    packed_strides(p, strides);
+    return add_tensor(g, uid, compute_type(p.dtype), p.y.dims, strides, 16, true, out);
+}
+
+ga_status add_conv(Graph &g, const Problem &p, cudnnBackendDescriptor_t x,
+                   cudnnBackendDescriptor_t w, cudnnBackendDescriptor_t y,
+                   cudnnBackendDescriptor_t *op_out)
+{
+    Desc conv;
+    GA_TRY_STATUS(make_desc(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR, &conv));
+    cudnnDataType_t comp = compute_type(p.dtype);
+    cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION; /* what DL frameworks call conv */
+    int64_t spatial = 2;
+    int64_t dilation[2] = {p.geom.dilation[0], p.geom.dilation[1]};
+    int64_t stride[2] = {p.geom.stride[0], p.geom.stride[1]};
+    int64_t padding[2] = {p.geom.padding[0], p.geom.padding[1]};
+    GA_SET(conv.get(), CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp);
+    GA_SET(conv.get(), CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, 1, &mode);
+    GA_SET(conv.get(), CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, CUDNN_TYPE_INT64, 1, &spatial);
+    GA_SET(conv.get(), CUDNN_ATTR_CONVOLUTION_DILATIONS, CUDNN_TYPE_INT64, 2, dilation);
+    GA_SET(conv.get(), CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, CUDNN_TYPE_INT64, 2, stride);
+    /* symmetric padding: post = pre gives P = (H + 2 pad - dil (R-1) - 1) / stride + 1 */
+    GA_SET(conv.get(), CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, CUDNN_TYPE_INT64, 2, padding);
+    GA_SET(conv.get(), CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, CUDNN_TYPE_INT64, 2, padding);
+    GA_FINALIZE(conv.get());
+    cudnnBackendDescriptor_t conv_raw = conv.get();
+    g.parts.push_back(std::move(conv));
+
+    /* alpha/beta have the compute type's precision: double for float64 */
+    float alpha_f = 1.0f, beta_f = 0.0f;
+    double alpha_d = 1.0, beta_d = 0.0;
+    bool f64 = p.dtype == GA_FLOAT64;
+    cudnnBackendAttributeType_t scalar_type = f64 ? CUDNN_TYPE_DOUBLE : CUDNN_TYPE_FLOAT;
+    const void *alpha = f64 ? (const void *)&alpha_d : (const void *)&alpha_f;
+    const void *beta = f64 ? (const void *)&beta_d : (const void *)&beta_f;
+    const cudnnBackendDescriptorType_t op_types[3] = {
+        CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR,
+        CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR,
+        CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR};
+    Desc op;
+    GA_TRY_STATUS(make_desc(op_types[p.op], &op));
+    const cudnnBackendAttributeType_t D = CUDNN_TYPE_BACKEND_DESCRIPTOR;
+    switch (p.op) {
+    case OP_FWD:
+        GA_SET(op.get(), CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, D, 1, &x);
+        GA_SET(op.get(), CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, D, 1, &w);
+        GA_SET(op.get(), CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, D, 1, &y);
+        GA_SET(op.get(), CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, D, 1, &conv_raw);
+        GA_SET(op.get(), CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, scalar_type, 1, alpha);
+        GA_SET(op.get(), CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, scalar_type, 1, beta);
+        break;
+    case OP_BWD_DATA:
+        GA_SET(op.get(), CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, D, 1, &x);
+        GA_SET(op.get(), CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, D, 1, &w);
+        GA_SET(op.get(), CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, D, 1, &y);
+        GA_SET(op.get(), CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, D, 1, &conv_raw);
+        GA_SET(op.get(), CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, scalar_type, 1, alpha);
+        GA_SET(op.get(), CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA, scalar_type, 1, beta);
+        break;
+    case OP_BWD_FILTER:
+        GA_SET(op.get(), CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, D, 1, &x);
+        GA_SET(op.get(), CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW, D, 1, &w);
+        GA_SET(op.get(), CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY, D, 1, &y);
+        GA_SET(op.get(), CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC, D, 1,
+               &conv_raw);
+        GA_SET(op.get(), CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, scalar_type, 1,
+               alpha);
+        GA_SET(op.get(), CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA, scalar_type, 1,
+               beta);
+        break;
+    }
+    GA_FINALIZE(op.get());
+    *op_out = op.get();
+    g.parts.push_back(std::move(op));
+    return ga_ok();
+}
+
+/* out = mode(in) or out = in + b (b may be null for unary modes). */
+ga_status add_pointwise(Graph &g, const Problem &p, cudnnPointwiseMode_t mode,
+                        cudnnBackendDescriptor_t in, cudnnBackendDescriptor_t b,
+                        cudnnBackendDescriptor_t out, cudnnBackendDescriptor_t *op_out)
+{
+    Desc pw;
+    GA_TRY_STATUS(make_desc(CUDNN_BACKEND_POINTWISE_DESCRIPTOR, &pw));
+    cudnnDataType_t prec = compute_type(p.dtype);
+    GA_SET(pw.get(), CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
+    GA_SET(pw.get(), CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec);
+    GA_FINALIZE(pw.get());
+    cudnnBackendDescriptor_t pw_raw = pw.get();
+    g.parts.push_back(std::move(pw));
+
+    Desc op;
+    GA_TRY_STATUS(make_desc(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, &op));
+    const cudnnBackendAttributeType_t D = CUDNN_TYPE_BACKEND_DESCRIPTOR;
+    GA_SET(op.get(), CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, D, 1, &pw_raw);
+    GA_SET(op.get(), CUDNN_ATTR_OPERATION_POINTWISE_XDESC, D, 1, &in);
+    if (b)
+        GA_SET(op.get(), CUDNN_ATTR_OPERATION_POINTWISE_BDESC, D, 1, &b);
+    GA_SET(op.get(), CUDNN_ATTR_OPERATION_POINTWISE_YDESC, D, 1, &out);
+    /* out = act(alpha1 * in) or alpha1 * in + alpha2 * b: set to 1 as the
+     * frontend does (it passes float scalars whatever the compute type) */
+    float one = 1.0f;
+    GA_SET(op.get(), CUDNN_ATTR_OPERATION_POINTWISE_ALPHA1, CUDNN_TYPE_FLOAT, 1, &one);
+    GA_SET(op.get(), CUDNN_ATTR_OPERATION_POINTWISE_ALPHA2, CUDNN_TYPE_FLOAT, 1, &one);
+    GA_FINALIZE(op.get());
+    *op_out = op.get();
+    g.parts.push_back(std::move(op));
+    return ga_ok();
+}
+
+/* GRAPH_CONV: the convolution alone (forward into y, or dgrad / wgrad).
+ * GRAPH_FUSED (forward only):
+ *   conv(x, w) -> c  [-> c + bias -> z]  [-> act(z) -> y]
+ * where every intermediate is virtual (compute type) except that the input
+ * of the activation is the real preact tensor when preact is requested.
+ * (preact without an activation is y itself and is copied afterwards.) */
+ga_status build_graph(cudnnHandle_t handle, const Problem &p, GraphKind kind,
+                      std::shared_ptr<Graph> *out)
+{
+    auto g = std::make_shared<Graph>();
+    cudnnBackendDescriptor_t x = nullptr, w = nullptr, y = nullptr;
+    GA_TRY_STATUS(add_real_tensor(*g, kUidX, p, p.x, &x));
+    GA_TRY_STATUS(add_real_tensor(*g, kUidW, p, p.w, &w));
+    GA_TRY_STATUS(add_real_tensor(*g, kUidY, p, p.y, &y));
+    std::vector<cudnnBackendDescriptor_t> ops;
+    cudnnBackendDescriptor_t op = nullptr;
+    if (kind == GRAPH_CONV) {
+        GA_TRY_STATUS(add_conv(*g, p, x, w, y, &op));
+        ops.push_back(op);
+    } else {
+        bool act = p.act != GA_ACT_NONE;
+        bool preact_real = p.has_preact && act;
+        cudnnBackendDescriptor_t preact = nullptr, c = nullptr;
+        if (preact_real)
+            GA_TRY_STATUS(add_real_tensor(*g, kUidPreact, p, p.preact, &preact));
+        if (!p.has_bias && preact_real)
+            c = preact;
+        else
+            GA_TRY_STATUS(add_virtual_tensor(*g, kUidConvOut, p, &c));
+        GA_TRY_STATUS(add_conv(*g, p, x, w, c, &op));
+        ops.push_back(op);
+        cudnnBackendDescriptor_t z = c;
+        if (p.has_bias) {
+            cudnnBackendDescriptor_t b = nullptr;
+            GA_TRY_STATUS(add_real_tensor(*g, kUidBias, p, p.bias, &b));
+            if (!act)
+                z = y;
+            else if (preact_real)
+                z = preact;
+            else
+                GA_TRY_STATUS(add_virtual_tensor(*g, kUidAddOut, p, &z));
+            GA_TRY_STATUS(add_pointwise(*g, p, CUDNN_POINTWISE_ADD, c, b, z, &op));
+            ops.push_back(op);
+        }
+        if (act) {
+            cudnnPointwiseMode_t mode = p.act == GA_ACT_RELU
+                                            ? CUDNN_POINTWISE_RELU_FWD
+                                            : CUDNN_POINTWISE_GELU_APPROX_TANH_FWD;
+            GA_TRY_STATUS(add_pointwise(*g, p, mode, z, nullptr, y, &op));
+            ops.push_back(op);
+        }
+    }
+    GA_TRY_STATUS(make_desc(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, &g->op_graph));
+    GA_SET(g->op_graph.get(), CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
+           (int64_t)ops.size(), ops.data());
+    /* optional since cuDNN 9.8 (deprecated there), required before */
+    GA_SET(g->op_graph.get(), CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
+    GA_FINALIZE(g->op_graph.get());
+    *out = std::move(g);
+    return ga_ok();
+}
+
+/* ================================================================== plans */
+
+/* An engine and its knob settings: what is persisted between processes. */
+struct EngineChoice {
+    int64_t engine = -1;
+    std::vector<std::pair<int64_t, int64_t>> knobs; /* (cudnnBackendKnobType_t, value) */
+};
+
+/* A finalized plan, with everything it was made from. */
+struct ExecPlan {
+    std::shared_ptr<Graph> graph;
+    Desc engine;
+    std::vector<Desc> knob_choices;
+    Desc cfg;
+    Desc plan; /* destroyed first */
+    int64_t workspace = 0;
+};
+
+/* Whether the engine's numerical notes fit the request: no
+ * nondeterministic engine when deterministic results are asked for, and for
+ * float32 without allow_tf32 no engine that uses tensor cores or converts
+ * its inputs down (TF32) — the rule PyTorch applies. */
+ga_status engine_allowed(cudnnBackendDescriptor_t engine, const Problem &p, bool *allowed)
+{
+    cudnnBackendNumericalNote_t notes[kMaxNotes];
+    int64_t n = 0;
+    GA_CUDNN_TRY(cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE,
+                                          CUDNN_TYPE_NUMERICAL_NOTE, kMaxNotes, &n, notes));
+    bool strict_fp32 = p.dtype == GA_FLOAT32 && !p.geom.allow_tf32;
+    *allowed = true;
+    for (int64_t i = 0; i < std::min<int64_t>(n, kMaxNotes); i++) {
+        if (p.geom.deterministic && notes[i] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC)
+            *allowed = false;
+        if (strict_fp32 && (notes[i] == CUDNN_NUMERICAL_NOTE_TENSOR_CORE ||
+                            notes[i] == CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS))
+            *allowed = false;
+    }
+    return ga_ok();
+}
+
+/* Finalizes a plan for `cfg`; *ok stays false when the config does not run
+ * here or needs more workspace than there is (both normal outcomes). */
+ga_status finalize_plan(cudnnHandle_t handle, cudnnBackendDescriptor_t cfg, size_t ws_limit,
+                        Desc *plan, int64_t *workspace, bool *ok)
+{
+    *ok = false;
+    Desc d;
+    GA_TRY_STATUS(make_desc(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &d));
+    /* deprecated from cuDNN 9.8 but accepted; earlier 9.x require it */
+    GA_SET(d.get(), CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
+    GA_SET(d.get(), CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+           &cfg);
+    if (cudnnBackendFinalize(d.get()) != CUDNN_STATUS_SUCCESS) {
+        (void)cudaGetLastError();
+        return ga_ok();
+    }
+    int64_t n = 0, size = 0;
+    GA_CUDNN_TRY(cudnnBackendGetAttribute(d.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                                          CUDNN_TYPE_INT64, 1, &n, &size));
+    if (size < 0 || (uint64_t)size > (uint64_t)ws_limit)
+        return ga_ok();
+    *plan = std::move(d);
+    *workspace = size;
+    *ok = true;
+    return ga_ok();
+}
+
+/* The heuristic's configs for `mode`, in its order, filtered by the notes
+ * and the workspace, that finalize into plans: at most kMaxCandidates. */
+ga_status heuristic_plans(cudnnHandle_t handle, const std::shared_ptr<Graph> &g,
+                          const Problem &p, cudnnBackendHeurMode_t mode,
+                          std::vector<std::shared_ptr<ExecPlan>> *out)
+{
+    Desc heur;
+    GA_TRY_STATUS(make_desc(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, &heur));
+    cudnnBackendDescriptor_t og = g->op_graph.get();
+    GA_SET(heur.get(), CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
+           &og);
+    GA_SET(heur.get(), CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
+    ga_status st = finalize_status(cudnnBackendFinalize(heur.get()), "cudnnBackendFinalize(heur)",
+                                   __FILE__, __LINE__);
+    if (is_unsupported(st))
+        return ga_ok(); /* this mode has nothing for the graph */
+    GA_TRY_STATUS(st);
+    int64_t count = 0;
+    GA_CUDNN_TRY(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                          CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr));
+    count = std::min(count, kMaxHeuristicResults);
+    if (count <= 0)
+        return ga_ok();
+    /* results are copied into engine-config descriptors we create */
+    std::vector<Desc> cfgs((size_t)count);
+    std::vector<cudnnBackendDescriptor_t> raw((size_t)count);
+    for (int64_t i = 0; i < count; i++) {
+        GA_TRY_STATUS(make_desc(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, &cfgs[(size_t)i]));
+        raw[(size_t)i] = cfgs[(size_t)i].get();
+    }
+    int64_t got = 0;
+    GA_CUDNN_TRY(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                          CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got,
+                                          raw.data()));
+    got = std::min(got, count);
+    int attempts = 0;
+    for (int64_t i = 0; i < got; i++) {
+        if ((int)out->size() >= kMaxCandidates || attempts >= kMaxFinalizeAttempts)
+            break;
+        Desc &cfg = cfgs[(size_t)i];
+        Desc engine;
+        GA_TRY_STATUS(make_desc(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &engine));
+        cudnnBackendDescriptor_t engine_raw = engine.get();
+        int64_t n = 0;
+        GA_CUDNN_TRY(cudnnBackendGetAttribute(cfg.get(), CUDNN_ATTR_ENGINECFG_ENGINE,
+                                              CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n,
+                                              &engine_raw));
+        bool allowed = false;
+        GA_TRY_STATUS(engine_allowed(engine.get(), p, &allowed));
+        if (!allowed)
+            continue;
+        /* skip configs known to need too much workspace before paying for a
+         * finalization (which may compile kernels); cuDNN < 9.2 lacks the
+         * attribute, and the plan's own size is checked below anyway */
+        int64_t cfg_ws = 0;
+        if (cudnnBackendGetAttribute(cfg.get(), CUDNN_ATTR_ENGINECFG_WORKSPACE_SIZE,
+                                     CUDNN_TYPE_INT64, 1, &n, &cfg_ws) == CUDNN_STATUS_SUCCESS &&
+            (cfg_ws < 0 || (uint64_t)cfg_ws > (uint64_t)p.ws_size))
+            continue;
+        attempts++;
+        auto ep = std::make_shared<ExecPlan>();
+        bool ok = false;
+        GA_TRY_STATUS(finalize_plan(handle, cfg.get(), p.ws_size, &ep->plan, &ep->workspace, &ok));
+        if (!ok)
+            continue;
+        ep->graph = g;
+        ep->engine = std::move(engine);
+        ep->cfg = std::move(cfg);
+        out->push_back(std::move(ep));
+    }
+    return ga_ok();
+}
+
+/* Rebuilds exactly the engine config `c` for the graph; *out stays empty
+ * when it no longer applies (another cuDNN, GPU or request), so the caller
+ * tunes instead.  Every failure here is "does not apply": the choice came
+ * from a file. */
+ga_status plan_from_choice(cudnnHandle_t handle, const std::shared_ptr<Graph> &g,
+                           const Problem &p, const EngineChoice &c,
+                           std::shared_ptr<ExecPlan> *out)
+{
+    out->reset();
+    cudnnBackendDescriptor_t og = g->op_graph.get();
+    int64_t n = 0, engines = 0;
+    GA_CUDNN_TRY(cudnnBackendGetAttribute(og, CUDNN_ATTR_OPERATIONGRAPH_ENGINE_GLOBAL_COUNT,
+                                          CUDNN_TYPE_INT64, 1, &n, &engines));
+    if (c.engine < 0 || c.engine >= engines)
+        return ga_ok();
+    auto ep = std::make_shared<ExecPlan>();
+    ep->graph = g;
+    GA_TRY_STATUS(make_desc(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &ep->engine));
+    cudnnBackendDescriptor_t engine = ep->engine.get();
+    int64_t index = c.engine;
+    GA_SET(engine, CUDNN_ATTR_ENGINE_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &og);
+    GA_SET(engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &index);
+    if (cudnnBackendFinalize(engine) != CUDNN_STATUS_SUCCESS)
+        return ga_ok();
+    bool allowed = false;
+    GA_TRY_STATUS(engine_allowed(engine, p, &allowed));
+    if (!allowed)
+        return ga_ok();
+    std::vector<cudnnBackendDescriptor_t> choices;
+    for (const auto &k : c.knobs) {
+        Desc choice;
+        GA_TRY_STATUS(make_desc(CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR, &choice));
+        cudnnBackendKnobType_t type = (cudnnBackendKnobType_t)k.first;
+        int64_t value = k.second;
+        if (cudnnBackendSetAttribute(choice.get(), CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE,
+                                     CUDNN_TYPE_KNOB_TYPE, 1, &type) != CUDNN_STATUS_SUCCESS ||
+            cudnnBackendSetAttribute(choice.get(), CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE,
+                                     CUDNN_TYPE_INT64, 1, &value) != CUDNN_STATUS_SUCCESS ||
+            cudnnBackendFinalize(choice.get()) != CUDNN_STATUS_SUCCESS)
+            return ga_ok();
+        choices.push_back(choice.get());
+        ep->knob_choices.push_back(std::move(choice));
+    }
+    GA_TRY_STATUS(make_desc(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, &ep->cfg));
+    GA_SET(ep->cfg.get(), CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &engine);
+    if (!choices.empty() &&
+        cudnnBackendSetAttribute(ep->cfg.get(), CUDNN_ATTR_ENGINECFG_KNOB_CHOICES,
+                                 CUDNN_TYPE_BACKEND_DESCRIPTOR, (int64_t)choices.size(),
+                                 choices.data()) != CUDNN_STATUS_SUCCESS)
+        return ga_ok();
+    if (cudnnBackendFinalize(ep->cfg.get()) != CUDNN_STATUS_SUCCESS)
+        return ga_ok();
+    bool ok = false;
+    GA_TRY_STATUS(finalize_plan(handle, ep->cfg.get(), p.ws_size, &ep->plan, &ep->workspace, &ok));
+    if (ok)
+        *out = std::move(ep);
+    return ga_ok();
+}
+
+/* Reads back the engine index and knob settings of a plan's config. */
+ga_status describe_choice(const ExecPlan &ep, EngineChoice *c)
+{
+    int64_t n = 0;
+    GA_CUDNN_TRY(cudnnBackendGetAttribute(ep.engine.get(), CUDNN_ATTR_ENGINE_GLOBAL_INDEX,
+                                          CUDNN_TYPE_INT64, 1, &n, &c->engine));
+    std::vector<Desc> knobs(CUDNN_KNOB_TYPE_COUNTS);
+    std::vector<cudnnBackendDescriptor_t> raw(CUDNN_KNOB_TYPE_COUNTS);
+    for (size_t i = 0; i < knobs.size(); i++) {
+        GA_TRY_STATUS(make_desc(CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR, &knobs[i]));
+        raw[i] = knobs[i].get();
+    }
+    int64_t got = 0;
+    GA_CUDNN_TRY(cudnnBackendGetAttribute(ep.cfg.get(), CUDNN_ATTR_ENGINECFG_KNOB_CHOICES,
+                                          CUDNN_TYPE_BACKEND_DESCRIPTOR,
+                                          (int64_t)CUDNN_KNOB_TYPE_COUNTS, &got, raw.data()));
+    c->knobs.clear();
+    for (int64_t i = 0; i < std::min<int64_t>(got, CUDNN_KNOB_TYPE_COUNTS); i++) {
+        cudnnBackendKnobType_t type = CUDNN_KNOB_TYPE_COUNTS;
+        int64_t value = 0;
+        GA_CUDNN_TRY(cudnnBackendGetAttribute(raw[(size_t)i], CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE,
+                                              CUDNN_TYPE_KNOB_TYPE, 1, &n, &type));
+        GA_CUDNN_TRY(cudnnBackendGetAttribute(raw[(size_t)i], CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE,
+                                              CUDNN_TYPE_INT64, 1, &n, &value));
+        c->knobs.emplace_back((int64_t)type, value);
+    }
+    return ga_ok();
+}
+
+/* ============================================================ execution */
+
+ga_status make_variant_pack(const Graph &g, const Problem &p, Desc *out)
+{
+    std::vector<void *> pointers;
+    for (int64_t uid : g.uids)
+        pointers.push_back(uid_pointer(p, uid));
+    void *ws = p.ws_size ? p.ws : nullptr;
+    int64_t n = (int64_t)g.uids.size();
+    GA_TRY_STATUS(make_desc(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, out));
+    GA_SET(out->get(), CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, g.uids.data());
+    GA_SET(out->get(), CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n,
+           pointers.data());
+    GA_SET(out->get(), CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws);
+    GA_CUDNN_TRY(cudnnBackendFinalize(out->get()));
+    return ga_ok();
+}
+
+ga_status execute_plan(cudnnHandle_t handle, const ExecPlan &ep, const Problem &p)
+{
+    Desc pack;
+    GA_TRY_STATUS(make_variant_pack(*ep.graph, p, &pack));
+    GA_CUDNN_TRY(cudnnBackendExecute(handle, ep.plan.get(), pack.get()));
+    return ga_ok();
+}
+
+class Event {
+  public:
+    Event() = default;
+    ~Event()
+    {
+        if (e_)
+            cudaEventDestroy(e_);
+    }
+    Event(const Event &) = delete;
+    Event &operator=(const Event &) = delete;
+    ga_status create()
+    {
+        GA_CUDA_TRY(cudaEventCreate(&e_));
+        return ga_ok();
+    }
+    cudaEvent_t get() const { return e_; }
+
+  private:
+    cudaEvent_t e_ = nullptr;
+};
+
+/* Nothing may run twice or wait inside a stream capture: a capturing
+ * stream takes the heuristic's first choice untried. */
+bool stream_capturing(cudaStream_t s)
+{
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(s, &status) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return true; /* cannot tell: be as careful as under capture */
+    }
+    return status != cudaStreamCaptureStatusNone;
+}
+
+/* Picks the candidate to use.  Each runs once (a config that finalizes may
+ * still fail to launch here); the survivors are timed on the caller's
+ * stream when `time_them` and there are several.  The inputs are only
+ * read and the outputs are overwritten again by the chosen plan, so the
+ * trial runs leave no trace. */
+ga_status pick_plan(cudnnHandle_t handle, cudaStream_t s, const Problem &p,
+                    const std::vector<std::shared_ptr<ExecPlan>> &cands, bool time_them,
+                    size_t *best, bool *timed)
+{
+    *best = 0;
+    *timed = false;
+    if (stream_capturing(s))
+        return ga_ok();
+    Desc pack; /* the candidates share one graph, so one variant pack */
+    GA_TRY_STATUS(make_variant_pack(*cands[0]->graph, p, &pack));
+    std::vector<size_t> alive;
+    for (size_t i = 0; i < cands.size(); i++) {
+        if (cudnnBackendExecute(handle, cands[i]->plan.get(), pack.get()) == CUDNN_STATUS_SUCCESS)
+            alive.push_back(i);
+        else
+            (void)cudaGetLastError();
+    }
+    if (alive.empty())
+        return CONV_UNSUPPORTED("no cuDNN plan for this graph ran");
+    *best = alive[0];
+    if (!time_them || alive.size() == 1)
+        return ga_ok();
+    Event start, end;
+    GA_TRY_STATUS(start.create());
+    GA_TRY_STATUS(end.create());
+    float best_ms = std::numeric_limits<float>::infinity();
+    for (size_t i : alive) {
+        GA_CUDA_TRY(cudaEventRecord(start.get(), s));
+        bool failed = false;
+        for (int it = 0; it < kTimedIterations && !failed; it++)
+            failed = cudnnBackendExecute(handle, cands[i]->plan.get(), pack.get()) !=
+                     CUDNN_STATUS_SUCCESS;
+        GA_CUDA_TRY(cudaEventRecord(end.get(), s));
+        GA_CUDA_TRY(cudaEventSynchronize(end.get()));
+        if (failed) {
+            (void)cudaGetLastError();
+            continue;
+        }
+        float ms = 0.0f;
+        GA_CUDA_TRY(cudaEventElapsedTime(&ms, start.get(), end.get()));
+        if (ms < best_ms) {
+            best_ms = ms;
+            *best = i;
+        }
+    }
+    *timed = true;
+    return ga_ok();
+}
+
+/* Builds the graph and finds a plan for it: the preferred engine config
+ * when it still applies, else the heuristic's candidates (mode A, then the
+ * fallback mode), timed unless results must be deterministic — then the
+ * heuristic's order decides, so every process picks the same engine. */
+ga_status tune_graph(cudnnHandle_t handle, cudaStream_t s, const Problem &p, GraphKind kind,
+                     const EngineChoice *preferred, std::shared_ptr<ExecPlan> *plan,
+                     EngineChoice *choice, bool *tuned)
+{
+    *tuned = false;
+    plan->reset();
+    std::shared_ptr<Graph> g;
+    GA_TRY_STATUS(build_graph(handle, p, kind, &g));
+    if (preferred) {
+        GA_TRY_STATUS(plan_from_choice(handle, g, p, *preferred, plan));
+        if (*plan) {
+            *choice = *preferred;
+            return ga_ok();
+        }
+    }
+    std::vector<std::shared_ptr<ExecPlan>> cands;
+    GA_TRY_STATUS(heuristic_plans(handle, g, p, CUDNN_HEUR_MODE_A, &cands));
+    if (cands.empty())
+        GA_TRY_STATUS(heuristic_plans(handle, g, p, CUDNN_HEUR_MODE_FALLBACK, &cands));
+    if (cands.empty())
+        return CONV_UNSUPPORTED("no cuDNN engine for this graph");
+    size_t best = 0;
+    GA_TRY_STATUS(pick_plan(handle, s, p, cands, !p.geom.deterministic, &best, tuned));
+    GA_TRY_STATUS(describe_choice(*cands[best], choice));
+    *plan = cands[best];
+    return ga_ok();
+}
+
+/* ===================================================== the cached choice */
+
+/* What the cache holds per problem: the route, the engine choice shared by
+ * every thread, and one plan per cuDNN handle. */
+struct Entry {
+    Route route = ROUTE_DIRECT;
+    EngineChoice choice;
+    std::string chosen;
+    std::mutex mutex;
+    std::unordered_map<cudnnHandle_t, std::shared_ptr<ExecPlan>> plans;
+};
+
+/* "eng<index>[:k<type>=<value>,...]", prefixed "unfused:" for the unfused
+ * route; "direct" for the direct kernels. */
+std::string choice_string(Route route, const EngineChoice &c)
+{
+    if (route == ROUTE_DIRECT)
+        return "direct";
+    char buf[64];
+    std::string s = route == ROUTE_UNFUSED ? "unfused:" : "";
+    snprintf(buf, sizeof buf, "eng%lld", (long long)c.engine);
+    s += buf;
+    for (size_t i = 0; i < c.knobs.size(); i++) {
+        snprintf(buf, sizeof buf, "%ck%lld=%lld", i == 0 ? ':' : ',', (long long)c.knobs[i].first,
+                 (long long)c.knobs[i].second);
+        s += buf;
+    }
+    return s;
+}
+
+bool parse_int(const std::string &s, size_t *pos, int64_t *out)
+{
+    size_t i = *pos;
+    bool negative = i < s.size() && s[i] == '-';
+    if (negative)
+        i++;
+    if (i >= s.size() || s[i] < '0' || s[i] > '9')
+        return false;
+    int64_t v = 0;
+    for (; i < s.size() && s[i] >= '0' && s[i] <= '9'; i++) {
+        if (v > (std::numeric_limits<int64_t>::max() - (s[i] - '0')) / 10)
+            return false;
+        v = v * 10 + (s[i] - '0');
+    }
+    *out = negative ? -v : v;
+    *pos = i;
+    return true;
+}
+
+/* The inverse of choice_string; false for anything else (the caller then
+ * tunes as if nothing was preferred). */
+bool parse_choice(const char *text, Route *route, EngineChoice *c)
+{
+    std::string s(text, strnlen(text, 256));
+    if (s == "direct") {
+        *route = ROUTE_DIRECT;
+        return true;
+    }
+    size_t pos = 0;
+    *route = ROUTE_GRAPH;
+    if (s.compare(0, 8, "unfused:") == 0) {
+        *route = ROUTE_UNFUSED;
+        pos = 8;
+    }
+    if (s.compare(pos, 3, "eng") != 0)
+        return false;
+    pos += 3;
+    if (!parse_int(s, &pos, &c->engine) || c->engine < 0)
+        return false;
+    c->knobs.clear();
+    if (pos == s.size())
+        return true;
+    if (s[pos] != ':')
+        return false;
+    pos++;
+    for (;;) {
+        int64_t type = 0, value = 0;
+        if (pos >= s.size() || s[pos] != 'k')
+            return false;
+        pos++;
+        if (!parse_int(s, &pos, &type) || pos >= s.size() || s[pos] != '=')
+            return false;
+        pos++;
+        if (!parse_int(s, &pos, &value))
+            return false;
+        if (type < 0 || type >= CUDNN_KNOB_TYPE_COUNTS)
+            return false;
+        c->knobs.emplace_back(type, value);
+        if (pos == s.size())
+            return true;
+        if (s[pos] != ',')
+            return false;
+        pos++;
+    }
+}
+
+/* This handle's plan for a cached choice, rebuilt (without tuning) the
+ * first time a thread meets the problem. */
+ga_status entry_plan(cudnnHandle_t handle, const Problem &p, Entry &e,
+                     std::shared_ptr<ExecPlan> *out)
+{
+    {
+        std::lock_guard<std::mutex> lock(e.mutex);
+        auto it = e.plans.find(handle);
+        if (it != e.plans.end()) {
+            *out = it->second;
+            return ga_ok();
+        }
+    }
+    /* no lock while building: only this thread uses this handle */
+    GraphKind kind = e.route == ROUTE_GRAPH && has_epilogue(p) ? GRAPH_FUSED : GRAPH_CONV;
+    std::shared_ptr<Graph> g;
+    GA_TRY_STATUS(build_graph(handle, p, kind, &g));
+    GA_TRY_STATUS(plan_from_choice(handle, g, p, e.choice, out));
+    if (!*out)
+        return CONV_UNSUPPORTED("the cached engine config does not finalize on this handle");
+    std::lock_guard<std::mutex> lock(e.mutex);
+    e.plans[handle] = *out;
+    return ga_ok();
+}
+
+/* A cache miss: find the route (fused graph, conv-only graph + epilogue
+ * kernel, direct kernels) and its plan. */
+ga_status tune(cudnnHandle_t handle, cudaStream_t s, const Problem &p, const char *preferred,
+               std::shared_ptr<Entry> *out, std::shared_ptr<ExecPlan> *plan, bool *tuned)
+{
+    Route pref_route = ROUTE_DIRECT;
+    EngineChoice pref;
+    /* "direct" is not honoured as a preference: a newer cuDNN may have an
+     * engine now, and finding out costs little */
+    bool has_pref = preferred && parse_choice(preferred, &pref_route, &pref) &&
+                    pref_route != ROUTE_DIRECT;
+    auto e = std::make_shared<Entry>();
+    bool fused = has_epilogue(p);
+    *tuned = false;
+    /* a preference for the unfused route says the fused graph found no
+     * engine last time: skip its search (runtime fusion may compile) */
+    if (fused && !(has_pref && pref_route == ROUTE_UNFUSED)) {
+        bool t = false;
+        ga_status st = tune_graph(handle, s, p, GRAPH_FUSED,
+                                  has_pref && pref_route == ROUTE_GRAPH ? &pref : nullptr, plan,
+                                  &e->choice, &t);
+        *tuned = t;
+        if (!st.error)
+            e->route = ROUTE_GRAPH;
+        else if (!is_unsupported(st))
+            return st;
+    }
+    if (!fused || e->route == ROUTE_DIRECT) {
+        Route target = fused ? ROUTE_UNFUSED : ROUTE_GRAPH;
+        bool t = false;
+        ga_status st = tune_graph(handle, s, p, GRAPH_CONV,
+                                  has_pref && pref_route == target ? &pref : nullptr, plan,
+                                  &e->choice, &t);
+        *tuned = *tuned || t;
+        if (!st.error)
+            e->route = target;
+        else if (!is_unsupported(st))
+            return st;
+    }
+    e->chosen = choice_string(e->route, e->choice);
+    if (e->route != ROUTE_DIRECT)
+        e->plans[handle] = *plan;
+    else
+        plan->reset();
+    *out = std::move(e);
+    return ga_ok();
+}
+
+/* ======================================================= direct kernels */
+
+/* The path of last resort (and the float64 path where cuDNN has no graph
+ * engine for double): one thread per output element for forward and
+ * backward data, one block per filter element for backward filter; sums
+ * in a fixed order (deterministic), in float (double for float64), over
+ * byte strides of any sign. */
+template <typename T> struct Elem;
+template <> struct Elem<__half> {
+    using Acc = float;
+    static __host__ __device__ __forceinline__ float widen(__half v) { return __half2float(v); }
+    static __host__ __device__ __forceinline__ __half narrow(float a)
+    {
+        return __float2half_rn(a);
+    }
+};
+template <> struct Elem<__nv_bfloat16> {
+    using Acc = float;
+    static __host__ __device__ __forceinline__ float widen(__nv_bfloat16 v)
+    {
+        return __bfloat162float(v);
+    }
+    static __host__ __device__ __forceinline__ __nv_bfloat16 narrow(float a)
+    {
+        return __float2bfloat16_rn(a);
+    }
+};
+template <> struct Elem<float> {
+    using Acc = float;
+    static __host__ __device__ __forceinline__ float widen(float v) { return v; }
+    static __host__ __device__ __forceinline__ float narrow(float a) { return a; }
+};
+template <> struct Elem<double> {
+    using Acc = double;
+    static __host__ __device__ __forceinline__ double widen(double v) { return v; }
+    static __host__ __device__ __forceinline__ double narrow(double a) { return a; }
+};
+
+/* Element loads/stores: one access when every address is element-aligned,
+ * byte copies otherwise (a view may start anywhere). */
+template <typename T, bool Aligned>
+__host__ __device__ __forceinline__ typename Elem<T>::Acc load(const char *p)
+{
+    T v;
+    if constexpr (Aligned)
+        v = *reinterpret_cast<const T *>(p);
+    else
+        memcpy(&v, p, sizeof(T));
+    return Elem<T>::widen(v);
+}
+
+template <typename T, bool Aligned>
+__host__ __device__ __forceinline__ void store(char *p, typename Elem<T>::Acc a)
+{
+    T v = Elem<T>::narrow(a);
+    if constexpr (Aligned)
+        *reinterpret_cast<T *>(p) = v;
+    else
+        memcpy(p, &v, sizeof(T));
+}
+
+__host__ __device__ __forceinline__ float activate(ga_activation act, float z)
+{
+    return ga_activate_f(act, z);
+}
+__host__ __device__ __forceinline__ double activate(ga_activation act, double z)
+{
+    return ga_activate_d(act, z);
+}
+
+struct DirectArgs {
+    char *x, *w, *y;          /* conv roles; which ones are written depends on the op */
+    const char *bias;         /* forward: K contiguous values, or null */
+    char *preact;             /* forward: written when set */
+    int64_t N, C, H, W, K, R, S, P, Q, Cg, Kg;
+    int64_t xs[4], ws[4], ys[4], ps[4]; /* byte strides */
+    int64_t stride_h, stride_w, pad_h, pad_w, dil_h, dil_w;
+    ga_activation act;
+};
+
+/* The per-element bodies are host-callable too, so that they can be
+ * checked against a reference on a machine without a GPU. */
+
+/* y[n, k, p, q] = act(sum over c in k's group, r, s of x[n, c, h, w] *
+ * w[k, c - c0, r, s] + bias[k]) with h = p*stride - pad + r*dil, likewise w. */
+template <typename T, bool A>
+__host__ __device__ __forceinline__ void fwd_element(const DirectArgs &a, int64_t i)
+{
+    using Acc = typename Elem<T>::Acc;
+    int64_t q = i % a.Q, t = i / a.Q;
+    int64_t p = t % a.P;
+    t /= a.P;
+    int64_t k = t % a.K, n = t / a.K;
+    int64_t c0 = k / a.Kg * a.Cg; /* first input channel of k's group */
+    Acc acc = 0;
+    for (int64_t c = 0; c < a.Cg; c++) {
+        const char *xc = a.x + n * a.xs[0] + (c0 + c) * a.xs[1];
+        const char *wc = a.w + k * a.ws[0] + c * a.ws[1];
+        for (int64_t r = 0; r < a.R; r++) {
+            int64_t h = p * a.stride_h - a.pad_h + r * a.dil_h;
+            if (h < 0 || h >= a.H)
+                continue;
+            for (int64_t s = 0; s < a.S; s++) {
+                int64_t w = q * a.stride_w - a.pad_w + s * a.dil_w;
+                if (w < 0 || w >= a.W)
+                    continue;
+                acc += load<T, A>(xc + h * a.xs[2] + w * a.xs[3]) *
+                       load<T, A>(wc + r * a.ws[2] + s * a.ws[3]);
+            }
+        }
+    }
+    if (a.bias)
+        acc += load<T, A>(a.bias + k * (int64_t)sizeof(T));
+    if (a.preact)
+        store<T, A>(a.preact + n * a.ps[0] + k * a.ps[1] + p * a.ps[2] + q * a.ps[3], acc);
+    store<T, A>(a.y + n * a.ys[0] + k * a.ys[1] + p * a.ys[2] + q * a.ys[3],
+                activate(a.act, acc));
+}
+
+/* dx[n, c, h, w] = sum over k in c's group, r, s with h = p*stride - pad +
+ * r*dil (and likewise w) of dy[n, k, p, q] * w[k, c - c0, r, s]. */
+template <typename T, bool A>
+__host__ __device__ __forceinline__ void bwd_data_element(const DirectArgs &a, int64_t i)
+{
+    using Acc = typename Elem<T>::Acc;
+    int64_t w = i % a.W, t = i / a.W;
+    int64_t h = t % a.H;
+    t /= a.H;
+    int64_t c = t % a.C, n = t / a.C;
+    int64_t k0 = c / a.Cg * a.Kg, cl = c % a.Cg;
+    Acc acc = 0;
+    for (int64_t r = 0; r < a.R; r++) {
+        int64_t hp = h + a.pad_h - r * a.dil_h;
+        if (hp < 0 || hp % a.stride_h)
+            continue;
+        int64_t p = hp / a.stride_h;
+        if (p >= a.P)
+            continue;
+        for (int64_t s = 0; s < a.S; s++) {
+            int64_t wq = w + a.pad_w - s * a.dil_w;
+            if (wq < 0 || wq % a.stride_w)
+                continue;
+            int64_t q = wq / a.stride_w;
+            if (q >= a.Q)
+                continue;
+            for (int64_t k = k0; k < k0 + a.Kg; k++)
+                acc += load<T, A>(a.y + n * a.ys[0] + k * a.ys[1] + p * a.ys[2] + q * a.ys[3]) *
+                       load<T, A>(a.w + k * a.ws[0] + cl * a.ws[1] + r * a.ws[2] + s * a.ws[3]);
+        }
+    }
+    store<T, A>(a.x + n * a.xs[0] + c * a.xs[1] + h * a.xs[2] + w * a.xs[3], acc);
+}
+
+/* dw[k, c, r, s] = sum over n, p, q of dy[n, k, p, q] * x[n, c0 + c, h, w].
+ * One slice of that sum: the terms j = first, first + step, ... of the
+ * N*P*Q in n, p, q order. */
+template <typename T, bool A>
+__host__ __device__ __forceinline__ typename Elem<T>::Acc
+bwd_filter_slice(const DirectArgs &a, int64_t e, int64_t first, int64_t step)
+{
+    using Acc = typename Elem<T>::Acc;
+    int64_t s = e % a.S, t = e / a.S;
+    int64_t r = t % a.R;
+    t /= a.R;
+    int64_t c = t % a.Cg, k = t / a.Cg;
+    int64_t cx = k / a.Kg * a.Cg + c;
+    int64_t npq = a.N * a.P * a.Q;
+    Acc acc = 0;
+    for (int64_t j = first; j < npq; j += step) {
+        int64_t q = j % a.Q, u = j / a.Q;
+        int64_t p = u % a.P, n = u / a.P;
+        int64_t h = p * a.stride_h - a.pad_h + r * a.dil_h;
+        int64_t w = q * a.stride_w - a.pad_w + s * a.dil_w;
+        if (h < 0 || h >= a.H || w < 0 || w >= a.W)
+            continue;
+        acc += load<T, A>(a.y + n * a.ys[0] + k * a.ys[1] + p * a.ys[2] + q * a.ys[3]) *
+               load<T, A>(a.x + n * a.xs[0] + cx * a.xs[1] + h * a.xs[2] + w * a.xs[3]);
+    }
+    return acc;
+}
+
+template <typename T, bool A>
+__host__ __device__ __forceinline__ void bwd_filter_store(const DirectArgs &a, int64_t e,
+                                                          typename Elem<T>::Acc v)
+{
+    int64_t s = e % a.S, t = e / a.S;
+    int64_t r = t % a.R;
+    t /= a.R;
+    int64_t c = t % a.Cg, k = t / a.Cg;
+    store<T, A>(a.w + k * a.ws[0] + c * a.ws[1] + r * a.ws[2] + s * a.ws[3], v);
+}
+
+template <typename T, bool A> __global__ void conv_fwd_direct(DirectArgs a)
+{
+    int64_t total = a.N * a.K * a.P * a.Q;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x)
+        fwd_element<T, A>(a, i);
+}
+
+template <typename T, bool A> __global__ void conv_bwd_data_direct(DirectArgs a)
+{
+    int64_t total = a.N * a.C * a.H * a.W;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x)
+        bwd_data_element<T, A>(a, i);
+}
+
+/* A long reduction per filter element: a block per element, each thread
+ * summing a fixed slice and the block adding the slices in a fixed tree, so
+ * the result does not depend on scheduling. */
+template <typename T, bool A> __global__ void conv_bwd_filter_direct(DirectArgs a)
+{
+    using Acc = typename Elem<T>::Acc;
+    __shared__ Acc partial[kThreads];
+    int64_t total = a.K * a.Cg * a.R * a.S;
+    for (int64_t e = blockIdx.x; e < total; e += gridDim.x) {
+        partial[threadIdx.x] = bwd_filter_slice<T, A>(a, e, threadIdx.x, kThreads);
+        __syncthreads();
+        for (int half = kThreads / 2; half > 0; half /= 2) {
+            if ((int)threadIdx.x < half)
+                partial[threadIdx.x] += partial[threadIdx.x + half];
+            __syncthreads();
+        }
+        if (threadIdx.x == 0)
+            bwd_filter_store<T, A>(a, e, partial[0]);
+        __syncthreads(); /* partial[] is reused for the next element */
+    }
+}
+
+unsigned grid_for(int64_t n)
+{
+    int64_t blocks = (n + kThreads - 1) / kThreads;
+    return (unsigned)std::max<int64_t>(1, std::min(blocks, kMaxBlocks));
+}
+
+template <typename T, bool A> ga_status launch_direct(OpKind op, const DirectArgs &a,
+                                                      cudaStream_t s)
+{
+    switch (op) {
+    case OP_FWD:
+        conv_fwd_direct<T, A><<<grid_for(a.N * a.K * a.P * a.Q), kThreads, 0, s>>>(a);
+        GA_CUDA_LAUNCH_CHECK("conv_fwd_direct");
+        break;
+    case OP_BWD_DATA:
+        conv_bwd_data_direct<T, A><<<grid_for(a.N * a.C * a.H * a.W), kThreads, 0, s>>>(a);
+        GA_CUDA_LAUNCH_CHECK("conv_bwd_data_direct");
+        break;
+    case OP_BWD_FILTER: {
+        int64_t elements = a.K * a.Cg * a.R * a.S;
+        unsigned blocks = (unsigned)std::max<int64_t>(1, std::min<int64_t>(elements, 1 << 20));
+        conv_bwd_filter_direct<T, A><<<blocks, kThreads, 0, s>>>(a);
+        GA_CUDA_LAUNCH_CHECK("conv_bwd_filter_direct");
+        break;
+    }
+    }
+    return ga_ok();
+}
+
+bool view_aligned(const View &v, int64_t itemsize)
+{
+    if ((uintptr_t)v.data % (uintptr_t)itemsize)
+        return false;
+    for (int d = 0; d < 4; d++)
+        if (v.dims[d] > 1 && v.bstrides[d] % itemsize)
+            return false;
+    return true;
+}
+
+ga_status run_direct(const Problem &p, cudaStream_t s)
+{
+    DirectArgs a;
+    memset(&a, 0, sizeof a);
+    a.x = (char *)p.x.data;
+    a.w = (char *)p.w.data;
+    a.y = (char *)p.y.data;
+    a.bias = p.has_bias ? (const char *)p.bias.data : nullptr;
+    a.preact = p.has_preact ? (char *)p.preact.data : nullptr;
+    a.N = p.x.dims[0];
+    a.C = p.x.dims[1];
+    a.H = p.x.dims[2];
+    a.W = p.x.dims[3];
+    a.K = p.w.dims[0];
+    a.Cg = p.w.dims[1];
+    a.R = p.w.dims[2];
+    a.S = p.w.dims[3];
+    a.P = p.y.dims[2];
+    a.Q = p.y.dims[3];
+    a.Kg = a.K / p.geom.groups;
+    for (int d = 0; d < 4; d++) {
+        a.xs[d] = p.x.bstrides[d];
+        a.ws[d] = p.w.bstrides[d];
+        a.ys[d] = p.y.bstrides[d];
+        a.ps[d] = p.has_preact ? p.preact.bstrides[d] : 0;
+    }
+    a.stride_h = p.geom.stride[0];
+    a.stride_w = p.geom.stride[1];
+    a.pad_h = p.geom.padding[0];
+    a.pad_w = p.geom.padding[1];
+    a.dil_h = p.geom.dilation[0];
+    a.dil_w = p.geom.dilation[1];
+    a.act = p.op == OP_FWD ? p.act : GA_ACT_NONE;
+    int64_t is = p.itemsize;
+    bool aligned = view_aligned(p.x, is) && view_aligned(p.w, is) && view_aligned(p.y, is) &&
+                   (!a.bias || (uintptr_t)a.bias % (uintptr_t)is == 0) &&
+                   (!a.preact || view_aligned(p.preact, is));
+    switch (p.dtype) {
+    case GA_FLOAT16:
+        return aligned ? launch_direct<__half, true>(p.op, a, s)
+                       : launch_direct<__half, false>(p.op, a, s);
+    case GA_BFLOAT16:
+        return aligned ? launch_direct<__nv_bfloat16, true>(p.op, a, s)
+                       : launch_direct<__nv_bfloat16, false>(p.op, a, s);
+    case GA_FLOAT32:
+        return aligned ? launch_direct<float, true>(p.op, a, s)
+                       : launch_direct<float, false>(p.op, a, s);
+    default:
+        return aligned ? launch_direct<double, true>(p.op, a, s)
+                       : launch_direct<double, false>(p.op, a, s);
+    }
+}
+
+/* ============================================================ the driver */
+
+/* bias + activation + preact over the conv output already in y. */
+ga_status run_epilogue(int device, const Problem &p, ga_stream stream)
+{
+    ga_bias_act_desc d;
+    memset(&d, 0, sizeof d);
+    d.x = *p.ty;
+    d.y = *p.ty;
+    if (p.has_preact)
+        d.preact = *p.tpreact;
+    d.bias = p.has_bias ? p.bias.data : nullptr;
+    d.bias_dtype = p.dtype;
+    d.channel_dim = 1;
+    d.activation = p.act;
+    return ga_cuda_bias_activation(device, &d, stream);
+}
+
+void write_tuning(ga_conv_tuning *tuning, const ga_op_report &report, const std::string &chosen)
+{
+    if (!tuning)
+        return;
+    tuning->report = report;
+    /* a choice that does not fit cannot be persisted: report none */
+    if (chosen.size() < sizeof tuning->chosen)
+        memcpy(tuning->chosen, chosen.c_str(), chosen.size() + 1);
+    else
+        tuning->chosen[0] = '\0';
+}
+
+ga_status run(int device, Problem &p, ga_stream stream, ga_conv_tuning *tuning)
+{
+    ga_op_report report = {0, 0, 0, 0};
+    std::string chosen = "direct";
+    Route route = ROUTE_DIRECT;
+    cudaStream_t s = ga_cu_stream(stream);
+    cudnnHandle_t handle = nullptr;
+    std::shared_ptr<ExecPlan> plan;
+    if (p.eligible) {
+        /* the cache first, then cuDNN, then the exit hook: see mark_exiting */
+        GaPlanCache &cache = ga_conv_plan_cache();
+        GA_TRY_STATUS(thread_handle(device, &handle));
+        register_exit_hook();
+        GA_CUDNN_TRY(cudnnSetStream(handle, cudnn_stream(s)));
+        std::string key = make_key(device, p);
+        std::shared_ptr<Entry> entry = std::static_pointer_cast<Entry>(cache.find(key));
+        if (entry && entry->route != ROUTE_DIRECT) {
+            ga_status st = entry_plan(handle, p, *entry, &plan);
+            if (is_unsupported(st))
+                entry.reset(); /* tune again below */
+            else
+                GA_TRY_STATUS(st);
+        }
+        if (entry) {
+            report.cache_hit = 1;
+        } else {
+            bool tuned = false;
+            GA_TRY_STATUS(tune(handle, s, p, tuning ? tuning->preferred : nullptr, &entry, &plan,
+                               &tuned));
+            report.tuned = tuned;
+            cache.insert(key, entry);
+        }
+        route = entry->route;
+        chosen = entry->chosen;
+    }
+    switch (route) {
+    case ROUTE_GRAPH:
+        GA_TRY_STATUS(execute_plan(handle, *plan, p));
+        if (p.op == OP_FWD && p.has_preact && p.act == GA_ACT_NONE)
+            GA_TRY_STATUS(ga_cuda_copy(device, p.tpreact, p.ty, stream)); /* z is y */
+        break;
+    case ROUTE_UNFUSED: {
+        GA_TRY_STATUS(execute_plan(handle, *plan, p));
+        ga_status st = run_epilogue(device, p, stream);
+        if (is_unsupported(st)) {
+            /* the epilogue kernel turned this layout down: recompute it all */
+            route = ROUTE_DIRECT;
+            chosen = "direct";
+            st = run_direct(p, s);
+        }
+        GA_TRY_STATUS(st);
+        break;
+    }
+    case ROUTE_DIRECT:
+        GA_TRY_STATUS(run_direct(p, s));
+        break;
+    }
+    report.fused = route == ROUTE_GRAPH && has_epilogue(p);
+    report.fallback = route != ROUTE_GRAPH;
+    write_tuning(tuning, report, chosen);
+    return ga_ok();
+}
+
+/* ============================================================ validation */
+
+bool float_dtype(ga_dtype d)
+{
+    return d == GA_FLOAT16 || d == GA_BFLOAT16 || d == GA_FLOAT32 || d == GA_FLOAT64;
+}
+
+int64_t numel(const ga_tensor *t)
+{
+    int64_t n = 1;
+    for (int d = 0; d < t->ndim; d++)
+        n *= t->shape[d];
+    return n;
+}
+
+int64_t out_size(int64_t in, int pad, int dil, int64_t k, int stride)
+{
+    int64_t span = in + 2 * (int64_t)pad - (int64_t)dil * (k - 1) - 1;
+    return span < 0 ? 0 : span / stride + 1;
+}
+
+/* The tensors in conv roles: x (N,C,H,W), w (K,C/groups,R,S), y (N,K,P,Q). */
+ga_status check_shapes(const ga_conv_geometry *g, const ga_tensor *x, const ga_tensor *w,
+                       const ga_tensor *y)
+{
+    if (!g || !x || !w || !y)
+        return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: a required argument is NULL");
+    if (x->ndim != 4 || w->ndim != 4 || y->ndim != 4)
+        return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: tensors must have 4 dims (NCHW order)");
+    if (!float_dtype(x->dtype) || w->dtype != x->dtype || y->dtype != x->dtype)
+        return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: tensors must share one float dtype");
+    for (int d = 0; d < 4; d++)
+        if (x->shape[d] < 0 || w->shape[d] < 0 || y->shape[d] < 0)
+            return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: negative dimension");
+    for (int i = 0; i < 2; i++)
+        if (g->stride[i] < 1 || g->dilation[i] < 1 || g->padding[i] < 0)
+            return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: bad stride, padding or dilation");
+    int64_t groups = g->groups;
+    if (groups < 1 || x->shape[1] % groups || w->shape[0] % groups ||
+        w->shape[1] * groups != x->shape[1])
+        return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: channels do not match the groups");
+    if (y->shape[0] != x->shape[0] || y->shape[1] != w->shape[0] ||
+        y->shape[2] != out_size(x->shape[2], g->padding[0], g->dilation[0], w->shape[2],
+                                g->stride[0]) ||
+        y->shape[3] != out_size(x->shape[3], g->padding[1], g->dilation[1], w->shape[3],
+                                g->stride[1]))
+        return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: output shape does not match the input");
+    if ((numel(x) && !x->data) || (numel(w) && !w->data) || (numel(y) && !y->data))
+        return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: NULL data for a non-empty tensor");
+    return ga_ok();
+}
+
+/* The problem in conv roles (bias, act and preact only for forward):
+ * views, one layout for the whole graph, eligibility for cuDNN. */
+void init_problem(Problem *p, OpKind op, const ga_conv_geometry *g, const ga_tensor *x,
+                  const ga_tensor *w, const ga_tensor *y, const void *bias, ga_activation act,
+                  const ga_tensor *preact, void *workspace, size_t workspace_size)
+{
+    *p = Problem();
+    p->op = op;
+    p->dtype = x->dtype;
+    p->itemsize = (int64_t)ga_dtype_itemsize(x->dtype);
+    p->geom = *g;
+    bool ok = make_view(x, p->itemsize, &p->x);
+    ok = make_view(w, p->itemsize, &p->w) && ok;
+    ok = make_view(y, p->itemsize, &p->y) && ok;
+    p->act = act;
+    if (preact && preact->data) {
+        p->has_preact = true;
+        p->tpreact = preact;
+        ok = make_view(preact, p->itemsize, &p->preact) && ok;
+    }
+    /* the layout most tensors show (channels-first on a tie or when none
+     * shows one); tensors that show none are described in it */
+    int vote = p->x.vote + p->w.vote + p->y.vote + (p->has_preact ? p->preact.vote : 0);
+    p->nhwc = vote > 0;
+    View *views[4] = {&p->x, &p->w, &p->y, &p->preact};
+    for (int i = 0; i < (p->has_preact ? 4 : 3); i++)
+        normalize_strides(views[i]->dims, views[i]->strides, p->nhwc);
+    if (bias) {
+        p->has_bias = true;
+        make_bias_view(bias, y->shape[1], p->itemsize, p->nhwc, &p->bias);
+        ok = ok && p->bias.align >= p->itemsize;
+    }
+    /* cuDNN's implicit-GEMM kernels index the filter with 32-bit offsets
+     * (the frontend refuses such graphs for the same reason) */
+    ok = ok && numel(w) <= (int64_t)INT32_MAX;
+    p->eligible = ok;
+    p->ws = workspace;
+    p->ws_size = workspace ? workspace_size : 0;
+    p->ty = y;
+}
+
+void reset_tuning(ga_conv_tuning *tuning)
+{
+    if (!tuning)
+        return;
+    tuning->chosen[0] = '\0';
+    memset(&tuning->report, 0, sizeof tuning->report);
+}
+
+/* No C++ exception may cross the C ABI. */
+template <typename F> ga_status guarded(F &&body)
+{
+    try {
+        return body();
+    } catch (const std::bad_alloc &) {
+        return GA_STATUS(GA_ERR_HOST_OUT_OF_MEMORY, "conv2d: host allocation failed");
+    } catch (...) {
+        return GA_STATUS(GA_ERR_CUDNN, "conv2d: unexpected C++ exception");
+    }
+}
+
+} // namespace
+
+/* ======================================================== entry points */
+
+extern "C" ga_status ga_cuda_conv2d_forward(int device, const ga_conv_desc *desc, void *workspace,
+                                           size_t workspace_size, ga_stream stream,
+                                           ga_conv_tuning *tuning)
+{
+    NvtxRange range("gpuaccel::conv2d_fwd");
+    reset_tuning(tuning);
+    if (!desc)
+        return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: desc is NULL");
+    GA_TRY_STATUS(check_shapes(&desc->geom, &desc->x, &desc->w, &desc->y));
+    if (desc->activation != GA_ACT_NONE && desc->activation != GA_ACT_RELU &&
+        desc->activation != GA_ACT_GELU)
+        return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: unknown activation");
+    const ga_tensor *pre = &desc->preact;
+    if (pre->data) {
+        if (pre->ndim != 4 || pre->dtype != desc->y.dtype)
+            return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: preact must be shaped and typed as y");
+        for (int d = 0; d < 4; d++)
+            if (pre->shape[d] != desc->y.shape[d])
+                return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: preact must have y's shape");
+    }
+    if (numel(&desc->y) == 0)
+        return ga_ok();
+    return guarded([&]() -> ga_status {
+        GA_WITH_DEVICE(device);
+        Problem p;
+        init_problem(&p, OP_FWD, &desc->geom, &desc->x, &desc->w, &desc->y, desc->bias,
+                     desc->activation, pre, workspace, workspace_size);
+        return run(device, p, stream, tuning);
+    });
+}
+
+extern "C" ga_status ga_cuda_conv2d_backward_data(int device, const ga_conv_geometry *geom,
+                                                 const ga_tensor *dy, const ga_tensor *w,
+                                                 const ga_tensor *dx, void *workspace,
+                                                 size_t workspace_size, ga_stream stream,
+                                                 ga_conv_tuning *tuning)
+{
+    NvtxRange range("gpuaccel::conv2d_bwd_data");
+    reset_tuning(tuning);
+    GA_TRY_STATUS(check_shapes(geom, dx, w, dy));
+    if (numel(dx) == 0)
+        return ga_ok();
+    return guarded([&]() -> ga_status {
+        GA_WITH_DEVICE(device);
+        Problem p;
+        init_problem(&p, OP_BWD_DATA, geom, dx, w, dy, nullptr, GA_ACT_NONE, nullptr, workspace,
+                     workspace_size);
+        return run(device, p, stream, tuning);
+    });
+}
+
+extern "C" ga_status ga_cuda_conv2d_backward_filter(int device, const ga_conv_geometry *geom,
+                                                   const ga_tensor *x, const ga_tensor *dy,
+                                                   const ga_tensor *dw, void *workspace,
+                                                   size_t workspace_size, ga_stream stream,
+                                                   ga_conv_tuning *tuning)
+{
+    NvtxRange range("gpuaccel::conv2d_bwd_filter");
+    reset_tuning(tuning);
+    GA_TRY_STATUS(check_shapes(geom, x, dw, dy));
+    if (numel(dw) == 0)
+        return ga_ok();
+    return guarded([&]() -> ga_status {
+        GA_WITH_DEVICE(device);
+        Problem p;
+        init_problem(&p, OP_BWD_FILTER, geom, x, dw, dy, nullptr, GA_ACT_NONE, nullptr,
+                     workspace, workspace_size);
+        return run(device, p, stream, tuning);
+    });
+}
