@@ -621,7 +621,7 @@ static void extent(const ArrayObject *a, uintptr_t *lo, uintptr_t *hi)
     *hi = (uintptr_t)a->data + high;
 }
 
-static int may_overlap(const ArrayObject *a, const ArrayObject *b)
+int ga_arrays_may_overlap(const ArrayObject *a, const ArrayObject *b)
 {
     if (ga_array_size(a) == 0 || ga_array_size(b) == 0 || !a->data || !b->data)
         return 0;
@@ -649,7 +649,7 @@ static int assign(ga_state *st, ArrayObject *dst, PyObject *value)
     int64_t strides[GA_MAX_NDIM];
     if (broadcast_strides(src, dst->ndim, dst->shape, strides, "value") < 0)
         goto done;
-    if (may_overlap(dst, src)) {
+    if (ga_arrays_may_overlap(dst, src)) {
         /* read all of src before writing any of dst */
         ArrayObject *tmp = ga_array_copy_to(st, src, src->device, src->dtype, 0, NULL);
         if (!tmp)

@@ -89,6 +89,8 @@ ga_block *ga_array_block(const ArrayObject *a);
  * ga_block_prepare_use) and after it (see ga_block_record_use). */
 int ga_array_prepare_stream(ga_state *st, ArrayObject *a, ga_stream stream);
 int ga_array_record_stream(ga_state *st, ArrayObject *a, ga_stream stream);
+/* 1 when the two arrays' memory ranges intersect (same device). */
+int ga_arrays_may_overlap(const ArrayObject *a, const ArrayObject *b);
 /* Checks shape entries and that the byte size fits; fills *numel. */
 int ga_check_shape(ga_dtype dtype, int ndim, const int64_t *shape, int64_t *numel);
 /* Parses an int or a sequence of ints as a shape (names `argname`). */
@@ -128,6 +130,14 @@ PyObject *ga_py_asarray(PyObject *module, PyObject *const *args, Py_ssize_t narg
                         PyObject *kwnames);
 /* Parses copy=None/True/False into -1/1/0. */
 int ga_copy_flag_from_object(PyObject *obj, int *out);
+
+/* ---- torch tensors without DLPack (create.c) */
+/* 1 when obj is a torch.Tensor (0 while torch has not been imported). */
+int ga_is_torch_tensor(ga_state *st, PyObject *obj);
+/* A zero-copy Array over a CPU or CUDA torch tensor (it keeps the tensor
+ * alive).  torch's __dlpack__ costs microseconds of Python per call; this
+ * reads the pointer, sizes, strides, dtype and device directly. */
+ArrayObject *ga_from_torch(ga_state *st, PyObject *tensor);
 
 /* ---- dlpack.c */
 /* Calls the deleter of a consumed DLPack tensor. */

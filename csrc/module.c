@@ -9,6 +9,7 @@
 #include "array.h"
 #include "device.h"
 #include "module.h"
+#include "ops.h"
 
 PyDoc_STRVAR(cuda_error_doc,
              "A CUDA runtime call failed.\n\n"
@@ -122,6 +123,9 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->current_stream);
     Py_VISIT(st->default_device);
     Py_VISIT(st->bfloat16_descr);
+    Py_VISIT(st->torch_tensor_type);
+    for (int d = 0; d < GA_NUM_DTYPES; d++)
+        Py_VISIT(st->torch_dtypes[d]);
     Py_VISIT(st->str_dlpack);
     Py_VISIT(st->str_dlpack_device);
     Py_VISIT(st->str_cuda_array_interface);
@@ -148,6 +152,9 @@ static int module_clear(PyObject *module)
     Py_CLEAR(st->current_stream);
     Py_CLEAR(st->default_device);
     Py_CLEAR(st->bfloat16_descr);
+    Py_CLEAR(st->torch_tensor_type);
+    for (int d = 0; d < GA_NUM_DTYPES; d++)
+        Py_CLEAR(st->torch_dtypes[d]);
     Py_CLEAR(st->str_dlpack);
     Py_CLEAR(st->str_dlpack_device);
     Py_CLEAR(st->str_cuda_array_interface);
@@ -217,6 +224,49 @@ static PyMethodDef module_methods[] = {
      "set_memory_limit(limit, device=None)\n\nCaps what gpuaccel may allocate on a device: "
      "bytes (int), a fraction of the device's memory (float in (0, 1]), or None for no "
      "limit."},
+    {"matmul", KW ga_py_matmul, METH_FASTCALL | METH_KEYWORDS,
+     "matmul(a, b, *, bias=None, activation=None, out=None, out_dtype=None, stream=None)\n\n"
+     "act(a @ b + bias) in one call: a (..., M, K), b (K, N) or (..., K, N) with broadcast "
+     "batch dimensions (NumPy's rules, 1-D operands included); bias (N,); activation None, "
+     "'relu' or 'gelu' (tanh approximation); float16/bfloat16 accumulate in float32 "
+     "(out_dtype='float32' keeps the result in float32)."},
+    {"linear", KW ga_py_linear, METH_FASTCALL | METH_KEYWORDS,
+     "linear(x, weight, bias=None, activation=None, *, out=None, save_preactivation=False, "
+     "stream=None)\n\ny = act(x @ weight.T + bias) with weight (out_features, in_features) as "
+     "nn.Linear.  With save_preactivation=True returns (y, aux), aux being what "
+     "linear_backward needs: the pre-activation for gelu, y itself for relu, None without "
+     "an activation."},
+    {"linear_backward", KW ga_py_linear_backward, METH_FASTCALL | METH_KEYWORDS,
+     "linear_backward(grad_y, x, weight, *, activation=None, preactivation=None, "
+     "needs_input_grad=True, needs_weight_grad=True, needs_bias_grad=True, stream=None)\n\n"
+     "(grad_x, grad_weight, grad_bias), None for those not needed.  The activation's "
+     "derivative and the bias gradient are computed in one pass."},
+    {"conv2d", KW ga_py_conv2d, METH_FASTCALL | METH_KEYWORDS,
+     "conv2d(x, weight, bias=None, *, stride=1, padding=0, dilation=1, groups=1, "
+     "activation=None, layout='NCHW', out=None, save_preactivation=False, stream=None)\n\n"
+     "act(conv(x, weight) + bias).  layout='NCHW': x (N, C, H, W), weight (K, C/groups, R, "
+     "S) — a channels-last tensor is used as it is, and the result follows its memory "
+     "format; layout='NHWC': x (N, H, W, C), weight (K, R, S, C/groups), result (N, P, Q, "
+     "K)."},
+    {"conv2d_backward", KW ga_py_conv2d_backward, METH_FASTCALL | METH_KEYWORDS,
+     "conv2d_backward(grad_y, x, weight, *, stride=1, padding=0, dilation=1, groups=1, "
+     "activation=None, y=None, preactivation=None, layout='NCHW', needs_input_grad=True, "
+     "needs_weight_grad=True, needs_bias_grad=True, stream=None)\n\n(grad_x, grad_weight, "
+     "grad_bias); relu needs y (or the pre-activation), gelu the pre-activation."},
+    {"set_matmul_precision", ga_py_set_matmul_precision, METH_O,
+     "set_matmul_precision('highest' | 'high')\n\n'high' lets float32 matmuls and "
+     "convolutions use TF32 tensor cores, as torch.set_float32_matmul_precision does."},
+    {"get_matmul_precision", ga_py_get_matmul_precision, METH_NOARGS, NULL},
+    {"set_deterministic", ga_py_set_deterministic, METH_O,
+     "set_deterministic(True | False)\n\nRestricts cuBLASLt and cuDNN to algorithms that give "
+     "the same bits every run (no split-K or atomic reductions)."},
+    {"get_deterministic", ga_py_get_deterministic, METH_NOARGS, NULL},
+    {"matmul_stats", ga_py_matmul_stats, METH_NOARGS,
+     "matmul_stats() -> dict: calls, CPU/CUDA calls, fused and fallback (unfused) CUDA calls, "
+     "plan-cache hits and misses."},
+    {"conv_stats", ga_py_conv_stats, METH_NOARGS,
+     "conv_stats() -> dict: calls, fused, fallback, tuned (shapes timed), tuning_reused "
+     "(choices read back from the tuning file), plan-cache hits and misses."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -25,6 +25,10 @@ typedef struct {
     PyObject *current_stream; /* contextvars.ContextVar: the Stream made current by `with` */
     PyObject *default_device; /* a Device */
     PyObject *bfloat16_descr; /* ml_dtypes' bfloat16 NumPy dtype, or Py_None if unavailable; NULL before first use */
+    /* torch, looked up once the user has imported it: its Tensor type and
+     * its dtype objects by gpuaccel dtype (the fast zero-copy path) */
+    PyObject *torch_tensor_type;
+    PyObject *torch_dtypes[GA_NUM_DTYPES];
     /* interned names and constants of the DLPack exchange (a hot path) */
     PyObject *str_dlpack;            /* "__dlpack__" */
     PyObject *str_dlpack_device;     /* "__dlpack_device__" */

@@ -1,0 +1,201 @@
+"""conv2d and conv2d_backward on the CPU backend against torch's float64
+convolution; and the persisted tuning file."""
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+from helpers import FLOAT_DTYPES
+
+import gpuaccel as ga
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+TOL = {"float64": (1e-12, 1e-11), "float32": (3e-6, 3e-6), "float16": (2e-3, 2e-3), "bfloat16": (1.6e-2, 8e-3)}
+
+GEOMETRIES = [
+    # (N, C, H, W, K, R, S, stride, padding, dilation, groups)
+    (2, 3, 7, 9, 4, 3, 3, 1, 1, 1, 1),
+    (1, 4, 13, 5, 6, 3, 5, (2, 1), (0, 2), 1, 2),
+    (3, 6, 9, 9, 6, 3, 3, 2, 1, 2, 6),        # depthwise, dilated, strided
+    (2, 8, 6, 7, 8, 1, 1, 1, 0, 1, 1),        # 1x1
+    (1, 2, 11, 10, 3, 5, 3, 3, (2, 1), (1, 2), 1),
+]
+
+
+def check(got, ref, dtype, reduction):
+    atol, rtol = TOL[dtype]
+    got = np.asarray(got, dtype=np.float64)
+    assert got.shape == ref.shape, (got.shape, ref.shape)
+    bound = atol * max(1.0, np.sqrt(reduction)) + rtol * np.abs(ref)
+    err = np.abs(got - ref)
+    assert (err <= bound).all(), "%d/%d off, worst %g" % ((~(err <= bound)).sum(), err.size, err.max())
+
+
+def rounded(rng, shape, dtype):
+    t = torch.from_numpy(rng.standard_normal(shape)).to(getattr(torch, dtype))
+    return t, t.double()
+
+
+def act(z, activation):
+    if activation == "relu":
+        return torch.relu(z)
+    if activation == "gelu":
+        return F.gelu(z, approximate="tanh")
+    return z
+
+
+def as_float64(a):
+    return a.astype("float64").numpy()
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("geometry", GEOMETRIES)
+@pytest.mark.parametrize("activation", [None, "relu", "gelu"])
+def test_forward_and_gradients_match_torch(rng, dtype, geometry, activation):
+    n, c, h, w, k, r, s, stride, padding, dilation, groups = geometry
+    x, xr = rounded(rng, (n, c, h, w), dtype)
+    wt, wr = rounded(rng, (k, c // groups, r, s), dtype)
+    b, br = rounded(rng, (k,), dtype)
+    geo = dict(stride=stride, padding=padding, dilation=dilation, groups=groups)
+    xr.requires_grad_(True)
+    wr.requires_grad_(True)
+    br.requires_grad_(True)
+    z = F.conv2d(xr, wr, br, **geo)
+    yr = act(z, activation)
+    y, aux = ga.conv2d(x, wt, b, activation=activation, save_preactivation=True, **geo)
+    reduction = (c // groups) * r * s
+    check(as_float64(y), yr.detach().numpy(), dtype, reduction)
+    gy, gyr = rounded(rng, tuple(yr.shape), dtype)
+    if activation == "gelu":
+        # differentiate through the saved, rounded pre-activation, as the kernels do
+        zs = torch.from_numpy(as_float64(aux))
+        dz = gyr * torch.autograd.functional.vjp(lambda t: act(t, "gelu"), zs, torch.ones_like(zs))[1]
+        gx_ref, gw_ref, gb_ref = torch.autograd.grad(z, (xr, wr, br), dz)
+    else:
+        gx_ref, gw_ref, gb_ref = torch.autograd.grad(yr, (xr, wr, br), gyr)
+    gx, gw, gb = ga.conv2d_backward(gy, x, wt, activation=activation,
+                                    preactivation=aux if activation == "gelu" else None,
+                                    y=y if activation == "relu" else None, **geo)
+    check(as_float64(gx), gx_ref.numpy(), dtype, k * r * s)
+    check(as_float64(gw), gw_ref.numpy(), dtype, n * y.shape[2] * y.shape[3])
+    check(as_float64(gb), gb_ref.numpy(), dtype, n * y.shape[2] * y.shape[3])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_nhwc_layout_and_channels_last_tensors(rng, dtype):
+    x, xr = rounded(rng, (2, 5, 8, 6), dtype)
+    wt, wr = rounded(rng, (7, 5, 3, 3), dtype)
+    b, br = rounded(rng, (7,), dtype)
+    ref = F.conv2d(xr, wr, br, padding=1, stride=(1, 2)).relu()
+    # NHWC arrays with KRSC weights
+    x_nhwc = ga.asarray(x.permute(0, 2, 3, 1).contiguous())
+    w_krsc = ga.asarray(wt.permute(0, 2, 3, 1).contiguous())
+    y = ga.conv2d(x_nhwc, w_krsc, b, padding=1, stride=(1, 2), activation="relu", layout="NHWC")
+    assert y.shape == (2, 8, 3, 7)
+    check(as_float64(y), ref.permute(0, 2, 3, 1).detach().numpy(), dtype, 45)
+    # a torch tensor in channels_last memory is used as it is, and the result follows it
+    x_cl = x.to(memory_format=torch.channels_last)
+    y2 = ga.conv2d(x_cl, wt, b, padding=1, stride=(1, 2), activation="relu")
+    assert y2.shape == (2, 7, 8, 3) and y2.strides[1] == y2.itemsize
+    check(as_float64(y2), ref.detach().numpy(), dtype, 45)
+    gx, gw, gb = ga.conv2d_backward(ga.ones(y2.shape, dtype=dtype), x_cl, wt, padding=1, stride=(1, 2),
+                                    activation="relu", y=y2)
+    assert gx.strides[1] == gx.itemsize  # gradients keep x's memory format
+    xr.requires_grad_(True)
+    gx_ref = torch.autograd.grad(F.conv2d(xr, wr, br, padding=1, stride=(1, 2)).relu().sum(), xr)[0]
+    check(as_float64(gx), gx_ref.numpy(), dtype, 63)
+
+
+def test_out_and_needs_flags(rng):
+    x, _ = rounded(rng, (1, 2, 5, 5), "float32")
+    wt, _ = rounded(rng, (3, 2, 3, 3), "float32")
+    out = torch.empty(1, 3, 3, 3)
+    got = ga.conv2d(x, wt, out=out)
+    np.testing.assert_allclose(out.numpy(), F.conv2d(x, wt).numpy(), rtol=1e-5, atol=1e-6)
+    assert got.data_ptr == out.data_ptr()
+    gx, gw, gb = ga.conv2d_backward(torch.ones(1, 3, 3, 3), x, wt, needs_input_grad=False, needs_bias_grad=False)
+    assert gx is None and gb is None and gw.shape == (3, 2, 3, 3)
+
+
+@pytest.mark.parametrize(
+    "kwargs,exc,words",
+    [
+        (dict(groups=2), ValueError, "groups=2 must divide the input channels \\(3\\)"),
+        (dict(stride=0), ValueError, "stride must be an int >= 1"),
+        (dict(padding=-1), ValueError, "padding must be an int >= 0"),
+        (dict(dilation=(1, 2, 3)), ValueError, "dilation"),
+        (dict(activation="elu"), ValueError, "activation"),
+        (dict(layout="NDHWC"), ValueError, "layout"),
+        (dict(dilation=4), ValueError, "output height would be empty"),
+        (dict(groups=0), ValueError, "groups must be an int >= 1"),
+    ],
+)
+def test_geometry_errors(kwargs, exc, words):
+    x, w = ga.zeros((1, 3, 6, 6)), ga.zeros((6, 3, 3, 3))
+    with pytest.raises(exc, match=words):
+        ga.conv2d(x, w, **kwargs)
+
+
+def test_shape_errors():
+    with pytest.raises(ValueError, match="x must have 6 channels"):
+        ga.conv2d(ga.zeros((1, 4, 6, 6)), ga.zeros((6, 3, 3, 3)), groups=2)
+    with pytest.raises(ValueError, match="4-D"):
+        ga.conv2d(ga.zeros((4, 6, 6)), ga.zeros((6, 4, 3, 3)))
+    with pytest.raises(ValueError, match="bias must have shape \\(6,\\)"):
+        ga.conv2d(ga.zeros((1, 4, 6, 6)), ga.zeros((6, 4, 3, 3)), ga.zeros(5))
+    with pytest.raises(ValueError, match="gelu.*needs preactivation"):
+        ga.conv2d_backward(ga.zeros((1, 6, 4, 4)), ga.zeros((1, 4, 6, 6)), ga.zeros((6, 4, 3, 3)), activation="gelu")
+    with pytest.raises(ValueError, match="grad_y .* must be the forward output's shape"):
+        ga.conv2d_backward(ga.zeros((1, 6, 5, 4)), ga.zeros((1, 4, 6, 6)), ga.zeros((6, 4, 3, 3)))
+    with pytest.raises(TypeError, match="share one dtype"):
+        ga.conv2d(ga.zeros((1, 4, 6, 6)), ga.zeros((6, 4, 3, 3), dtype="float64"))
+
+
+def test_stats_count_cpu_calls():
+    before = ga.conv_stats()["cpu_calls"]
+    ga.conv2d(ga.zeros((1, 1, 3, 3)), ga.zeros((1, 1, 3, 3)))
+    assert ga.conv_stats()["cpu_calls"] == before + 1
+
+
+# ----------------------------------------------------------- tuning file
+
+@pytest.fixture
+def tuning(tmp_path, monkeypatch):
+    from gpuaccel import _tuning
+
+    monkeypatch.setenv("GPUACCEL_CACHE_DIR", str(tmp_path))
+    _tuning.forget()
+    _tuning._prefixes[0] = "Test GPU|cudnn91900"
+    yield _tuning
+    _tuning.forget()
+
+
+def test_tuning_choices_are_written_and_read_back(tuning, tmp_path):
+    assert tuning.lookup(0, "conv2d|shape-a") is None
+    tuning.store(0, "conv2d|shape-a", "eng7:k2=1")
+    tuning.store(0, "conv2d|shape-b", "eng3:")
+    data = json.loads((tmp_path / "conv_tuning.json").read_text())
+    assert data == {"Test GPU|cudnn91900|conv2d|shape-a": "eng7:k2=1", "Test GPU|cudnn91900|conv2d|shape-b": "eng3:"}
+    tuning.forget()
+    tuning._prefixes[0] = "Test GPU|cudnn91900"
+    assert tuning.lookup(0, "conv2d|shape-a") == "eng7:k2=1"  # a new process reads the file
+    tuning._prefixes[1] = "Other GPU|cudnn91900"
+    assert tuning.lookup(1, "conv2d|shape-a") is None  # keyed by GPU (and cuDNN version)
+
+
+def test_corrupt_tuning_file_is_ignored_with_a_warning(tuning, tmp_path):
+    (tmp_path / "conv_tuning.json").write_text("{not json")
+    with pytest.warns(RuntimeWarning, match="ignoring the conv tuning cache"):
+        assert tuning.lookup(0, "k") is None
+    tuning.store(0, "k", "eng1:")  # and it is rewritten
+    assert json.loads((tmp_path / "conv_tuning.json").read_text()) == {"Test GPU|cudnn91900|k": "eng1:"}
+    tuning.forget()
+    (tmp_path / "conv_tuning.json").write_text('["a list"]')
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tuning._prefixes[0] = "Test GPU|cudnn91900"
+        assert tuning.lookup(0, "k") is None
+    assert any("not a mapping" in str(w.message) for w in caught)

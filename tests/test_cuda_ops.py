@@ -1,0 +1,207 @@
+"""matmul, linear and conv2d on the CUDA backend, against the CPU backend
+(the oracle, itself tested against float64 references in test_matmul.py and
+test_conv.py) and against torch on the GPU."""
+
+import numpy as np
+import pytest
+from helpers import FLOAT_DTYPES
+
+import gpuaccel as ga
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+pytestmark = pytest.mark.cuda
+
+# |gpu - cpu| <= atol * sqrt(K) + rtol * |cpu|: both accumulate in float32
+# (float64 for float64) but in different orders, and 16-bit outputs may
+# round to either neighbour.
+TOL = {"float64": (1e-12, 1e-12), "float32": (2e-5, 2e-5), "float16": (2e-3, 2e-3),
+       "bfloat16": (1.6e-2, 1.6e-2)}
+
+
+def f64(a):
+    return np.asarray(a.to("cpu").astype("float64").numpy())
+
+
+def close(got, ref, dtype, k):
+    atol, rtol = TOL[dtype]
+    got, ref = f64(got), f64(ref)
+    assert got.shape == ref.shape
+    err = np.abs(got - ref)
+    bound = atol * max(1.0, np.sqrt(k)) + rtol * np.abs(ref)
+    assert (err <= bound).all(), "worst %g, bound there %g" % (err.max(), bound.flat[np.argmax(err)])
+
+
+def pair(rng, shape, dtype):
+    """The same values on the CPU and on the GPU."""
+    cpu = ga.asarray(rng.standard_normal(shape)).astype(dtype)
+    return cpu, cpu.to("cuda")
+
+
+@pytest.fixture(autouse=True)
+def highest_precision():
+    ga.set_matmul_precision("highest")
+    yield
+    ga.set_matmul_precision("highest")
+    ga.set_deterministic(False)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (7, 5, 3), (129, 33, 65), (257, 1000, 17), (3, 0, 4), (0, 5, 6)])
+@pytest.mark.parametrize("activation", [None, "relu", "gelu"])
+def test_matmul_matches_cpu(rng, dtype, m, k, n, activation):
+    a, ag = pair(rng, (m, k), dtype)
+    b, bg = pair(rng, (k, n), dtype)
+    bias, biasg = pair(rng, (n,), dtype)
+    ref = ga.matmul(a, b, bias=bias, activation=activation)
+    got = ga.matmul(ag, bg, bias=biasg, activation=activation)
+    assert got.device.type == "cuda" and got.dtype == dtype
+    close(got, ref, dtype, k)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_batched_broadcast_transposed_and_offset_operands(rng, dtype):
+    a, ag = pair(rng, (3, 1, 37, 29), dtype)
+    b, bg = pair(rng, (4, 29, 23), dtype)
+    close(ga.matmul(ag, bg), ga.matmul(a, b), dtype, 29)
+    # a transposed B, and views that start one element in (misaligned for
+    # cuBLASLt's vector loads): still right, through a fallback if need be
+    big, bigg = pair(rng, (41, 31), dtype)
+    close(ga.matmul(bigg[1:, 1:], bigg[1:, 1:].T), ga.matmul(big[1:, 1:], big[1:, 1:].T), dtype, 30)
+    # a column-strided operand no cuBLASLt layout describes: the generic kernel
+    close(ga.matmul(bigg[::2, ::3], bigg[::3, ::2]), ga.matmul(big[::2, ::3], big[::3, ::2]), dtype, 11)
+
+
+def test_misaligned_bias_falls_back_and_is_counted(rng):
+    a, ag = pair(rng, (64, 64), "float16")
+    b, bg = pair(rng, (64, 65), "float16")
+    before = ga.matmul_stats()
+    got = ga.matmul(ag, bg[:, :64], bias=bg[0, 1:], activation="gelu")
+    after = ga.matmul_stats()
+    close(got, ga.matmul(a, b[:, :64], bias=b[0, 1:], activation="gelu"), "float16", 64)
+    assert after["fallback"] >= before["fallback"] + 1
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("activation", [None, "relu", "gelu"])
+@pytest.mark.parametrize("shape", [(5, 33), (2, 3, 129)])
+def test_linear_forward_and_backward_match_cpu(rng, dtype, activation, shape):
+    out_features = 47
+    x, xg = pair(rng, shape, dtype)
+    w, wg = pair(rng, (out_features, shape[-1]), dtype)
+    b, bg = pair(rng, (out_features,), dtype)
+    y, aux = ga.linear(x, w, b, activation=activation, save_preactivation=True)
+    yg, auxg = ga.linear(xg, wg, bg, activation=activation, save_preactivation=True)
+    close(yg, y, dtype, shape[-1])
+    gy, gyg = pair(rng, y.shape, dtype)
+    # the backward gets the same saved tensor on both sides
+    aux_same = None if aux is None else aux
+    auxg_same = None if aux is None else aux.to("cuda")
+    ref = ga.linear_backward(gy, x, w, activation=activation, preactivation=aux_same)
+    got = ga.linear_backward(gyg, xg, wg, activation=activation, preactivation=auxg_same)
+    rows = int(np.prod(shape[:-1]))
+    for g, r, k in zip(got, ref, (out_features, rows, rows)):
+        close(g, r, dtype, k)
+
+
+def test_deterministic_mode_gives_identical_bits(rng):
+    ga.set_deterministic(True)
+    x, xg = pair(rng, (4097, 515), "float32")
+    w, wg = pair(rng, (257, 515), "float32")
+    gy, gyg = pair(rng, (4097, 257), "float32")
+    first = [g.numpy() for g in map(lambda t: t.to("cpu"), ga.linear_backward(gyg, xg, wg))]
+    second = [g.numpy() for g in map(lambda t: t.to("cpu"), ga.linear_backward(gyg, xg, wg))]
+    for a, b in zip(first, second):
+        assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("activation", [None, "relu", "gelu"])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("geometry", [
+    # n, c, h, w, k, r, s, stride, padding, dilation, groups
+    (2, 3, 17, 13, 8, 3, 3, 1, 1, 1, 1),
+    (3, 16, 9, 11, 24, 3, 3, 2, 1, 1, 1),
+    (1, 8, 10, 10, 8, 5, 3, (1, 2), (2, 0), (1, 2), 2),
+    (2, 32, 7, 7, 64, 1, 1, 1, 0, 1, 1),
+])
+def test_conv2d_matches_cpu(rng, dtype, activation, layout, geometry):
+    n, c, h, w, k, r, s, stride, padding, dilation, groups = geometry
+    geo = dict(stride=stride, padding=padding, dilation=dilation, groups=groups, layout=layout)
+    xs = (n, c, h, w) if layout == "NCHW" else (n, h, w, c)
+    ws = (k, c // groups, r, s) if layout == "NCHW" else (k, r, s, c // groups)
+    x, xg = pair(rng, xs, dtype)
+    wt, wtg = pair(rng, ws, dtype)
+    b, bg = pair(rng, (k,), dtype)
+    y, aux = ga.conv2d(x, wt, b, activation=activation, save_preactivation=True, **geo)
+    yg, auxg = ga.conv2d(xg, wtg, bg, activation=activation, save_preactivation=True, **geo)
+    red = c // groups * r * s
+    close(yg, y, dtype, red)
+    gy, gyg = pair(rng, y.shape, dtype)
+    kw = {}
+    if activation == "gelu":
+        kw = dict(preactivation=(aux, aux.to("cuda")))
+    elif activation == "relu":
+        kw = dict(y=(y, y.to("cuda")))
+    ref = ga.conv2d_backward(gy, x, wt, activation=activation, **{k_: v[0] for k_, v in kw.items()}, **geo)
+    got = ga.conv2d_backward(gyg, xg, wtg, activation=activation, **{k_: v[1] for k_, v in kw.items()}, **geo)
+    pixels = n * y.size // (n * k)
+    for g, rr, kk in zip(got, ref, (k * r * s, pixels, pixels)):
+        close(g, rr, dtype, kk)
+
+
+# ------------------------------------------------------------------ torch
+
+def test_fused_linear_on_cuda_matches_torch_and_uses_torchs_stream():
+    import gpuaccel.torch as gt
+
+    torch.manual_seed(0)
+    layer = gt.FusedLinear(129, 257, activation="gelu").cuda()
+    ref = torch.nn.Linear(129, 257).cuda()
+    ref.load_state_dict(layer.state_dict())
+    x = torch.randn(33, 129, device="cuda", requires_grad=True)
+    xr = x.detach().clone().requires_grad_(True)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        y = layer(x)
+        yr = F.gelu(ref(xr), approximate="tanh")
+        (y.square().sum()).backward()
+        (yr.square().sum()).backward()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(y, yr, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(x.grad, xr.grad, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(layer.weight.grad, ref.weight.grad, rtol=1e-4, atol=1e-3)
+    torch.testing.assert_close(layer.bias.grad, ref.bias.grad, rtol=1e-4, atol=1e-3)
+
+
+def test_autocast_bf16_on_cuda():
+    import gpuaccel.torch as gt
+
+    layer = gt.FusedLinear(64, 96, activation="relu").cuda()
+    conv = gt.FusedConv2d(3, 8, 3, padding=1, activation="relu").cuda()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        y = layer(torch.randn(10, 64, device="cuda"))
+        z = conv(torch.randn(2, 3, 9, 9, device="cuda"))
+    assert y.dtype == torch.bfloat16 and z.dtype == torch.bfloat16
+
+
+def test_cuda_graph_capture_replays_the_fused_ops():
+    import gpuaccel.torch as gt
+
+    layer = gt.FusedLinear(64, 64, activation="gelu").cuda()
+    static_x = torch.randn(16, 64, device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):  # warm-up: plans and workspaces exist before capture
+            layer(static_x)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = layer(static_x)
+    new_x = torch.randn(16, 64, device="cuda")
+    static_x.copy_(new_x)
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(static_y, layer(new_x), rtol=0, atol=0)
