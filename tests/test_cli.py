@@ -1,0 +1,174 @@
+"""python -m gpuaccel doctor | bench | demo, and the examples, on this
+(CPU-only) machine; the doctor's rules with made-up versions."""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+import gpuaccel as ga
+from gpuaccel import doctor
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(*args, timeout=600, env=None):
+    """Runs a command outside the checkout (so the installed gpuaccel is used)."""
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=tempfile.gettempdir(), env=env)
+
+
+# ------------------------------------------------------------------ doctor
+
+def test_doctor_on_this_machine_is_consistent_and_json_is_well_formed():
+    text = run("-m", "gpuaccel", "doctor")
+    assert text.returncode == 0, text.stdout + text.stderr
+    assert "consistent: nothing to fix" in text.stdout
+    out = run("-m", "gpuaccel", "doctor", "--json")
+    assert out.returncode == 0
+    data = json.loads(out.stdout)
+    assert data["consistent"] is True
+    facts = data["facts"]
+    assert facts["python"] == "%d.%d.%d" % sys.version_info[:3]
+    assert facts["gpuaccel_built_with_cuda"] == ga.built_with_cuda()
+    assert facts["cuda_available"] == ga.cuda_available()
+    assert all(set(f) == {"level", "finding", "fix"} for f in data["findings"])
+
+
+def consistent_gpu_machine():
+    """Facts of a healthy H100 machine (made up)."""
+    return {
+        "os": "Linux", "python": "3.12.0", "numpy": "2.3.0", "gpuaccel": "0.1.0",
+        "gpuaccel_built_with_cuda": True, "gpuaccel_cuda_archs": [80, 86, 89, 90],
+        "gpuaccel_cuda_runtime": (13, 0), "driver_version": "580.95.05", "driver_cuda": (13, 0),
+        "cublaslt_built": 130100, "cublaslt_loaded": 130105, "cublaslt_library": "libcublasLt.so.13",
+        "cudnn_built": 91400, "cudnn_loaded": 91400, "cudnn_library": "libcudnn.so.9",
+        "cuda_available": True,
+        "gpus": [{"index": 0, "name": "NVIDIA H100 80GB HBM3", "compute_capability": [9, 0],
+                  "memory_gib": 79.2, "multiprocessors": 132}],
+        "torch": "2.11.0+cu130", "torch_cuda": "13.0", "torch_cudnn": 91400, "torch_sees_gpu": True,
+        "visible_devices": None,
+    }
+
+
+def errors(facts):
+    return [what for level, what, fix in doctor.diagnose(facts) if level == doctor.ERROR]
+
+
+def test_a_healthy_gpu_machine_has_no_errors_and_reports_tf32_bf16():
+    facts = consistent_gpu_machine()
+    assert errors(facts) == []
+    assert any("TF32 and bfloat16" in what for level, what, fix in doctor.diagnose(facts) if level == doctor.OK)
+    text = doctor.report(facts, doctor.diagnose(facts))
+    assert "H100" in text and "consistent: nothing to fix" in text
+
+
+@pytest.mark.parametrize("change, words", [
+    (dict(driver_cuda=(12, 4)), "older than the CUDA 13.0 runtime"),
+    (dict(torch_cuda=None), "CPU-only build"),
+    (dict(torch_cuda="14.0"), "newer than the driver"),
+    (dict(gpuaccel_built_with_cuda=False), "built without CUDA"),
+    (dict(gpus=[{"index": 0, "name": "Tesla T4", "compute_capability": [7, 5], "memory_gib": 15.0,
+                 "multiprocessors": 40}]), "no kernels for Tesla T4"),
+    (dict(cudnn_loaded=None), "cuDNN could not be loaded"),
+    (dict(cudnn_loaded=81000), "built against cuDNN"),
+    (dict(cublaslt_loaded=120400), "built against cuBLAS"),
+    (dict(gpus=[]), "no GPU is visible"),
+    (dict(torch_sees_gpu=False), "torch cannot use the GPU"),
+])
+def test_each_mismatch_is_an_error_with_a_fix(change, words):
+    facts = consistent_gpu_machine()
+    facts.update(change)
+    findings = [(what, fix) for level, what, fix in doctor.diagnose(facts) if level == doctor.ERROR]
+    assert any(words in what for what, fix in findings), findings
+    assert all(fix for what, fix in findings)  # every error says what to do
+
+
+def test_warnings_are_not_errors():
+    facts = consistent_gpu_machine()
+    facts["driver_cuda"] = None  # a CUDA build on a machine without a driver: runs on the CPU
+    facts["gpus"] = []
+    assert errors(facts) == []
+    assert any("no NVIDIA driver" in what for level, what, fix in doctor.diagnose(facts) if level == doctor.WARNING)
+    newer = consistent_gpu_machine()
+    newer["gpus"][0]["compute_capability"] = [10, 0]  # newer than every compiled arch: PTX JIT
+    assert errors(newer) == []
+    assert any("JIT" in what for level, what, fix in doctor.diagnose(newer))
+
+
+# ------------------------------------------------------------------- bench
+
+def test_bench_json_on_the_cpu():
+    out = run("-m", "gpuaccel", "bench", "--json", "--only", "matmul", "logger", "--device", "cpu")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["cuda"] is False and "CPU" in data["device"]
+    groups = {r["group"] for r in data["rows"]}
+    assert groups == {"matmul", "logger"}
+    for r in data["rows"]:
+        assert r["gpuaccel"] > 0 and r["torch"] > 0
+        assert r["ratio"] == pytest.approx(r["gpuaccel"] / r["torch"])
+    matmul = [r for r in data["rows"] if r["group"] == "matmul"]
+    assert max(r["ceiling_fraction"] for r in matmul) <= 1.0
+
+
+def test_bench_plot_without_matplotlib_says_so(tmp_path, monkeypatch):
+    from gpuaccel import bench
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    rows = [bench.Row("matmul", "x", "GFLOP/s", 2.0, 1.0)]
+    message = bench.plot(rows, str(tmp_path / "p.png"))
+    assert "matplotlib" in message and not (tmp_path / "p.png").exists()
+
+
+def test_bench_rejects_unknown_groups():
+    out = run("-m", "gpuaccel", "bench", "--only", "nonsense")
+    assert out.returncode == 2 and "invalid choice" in out.stderr
+
+
+# -------------------------------------------------------------------- demo
+
+def test_tiny_demo_learns_well_above_chance(tmp_path):
+    out = run("-m", "gpuaccel", "demo", "--device", "cpu", "--samples", "2000", "--steps", "80",
+              "--batch-size", "32", "--json", "--data", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    for name in ("gpuaccel", "torch"):
+        r = data["results"][name]
+        assert r["steps"] == 62 or r["steps"] == 80  # one epoch of 2000/32 steps caps the run
+        assert r["accuracy"] > 0.4, r  # chance is 0.1
+        assert r["images_per_s"] > 0
+
+
+def test_demo_only_one_side(tmp_path):
+    out = run("-m", "gpuaccel", "demo", "--device", "cpu", "--samples", "1000", "--steps", "10",
+              "--batch-size", "32", "--json", "--only", "gpuaccel", "--data", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert list(json.loads(out.stdout)["results"]) == ["gpuaccel"]
+
+
+def test_unknown_command_is_a_usage_error():
+    out = run("-m", "gpuaccel", "frobnicate")
+    assert out.returncode == 2 and "doctor" in out.stderr
+
+
+# ---------------------------------------------------------------- examples
+
+def test_example_training_script_runs_on_the_cpu(tmp_path):
+    out = run(os.path.join(ROOT, "examples", "train.py"), "--device", "cpu", "--steps", "60", "--batch-size",
+              "32", "--samples", "2000", "--data", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    accuracy = float(out.stdout.split("held-out accuracy:")[1].split("%")[0])
+    assert accuracy > 40
+
+
+def test_example_ddp_script_runs_on_two_cpu_ranks(tmp_path):
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    out = subprocess.run([*torchrun, os.path.join(ROOT, "examples", "train_ddp.py"), "--device", "cpu", "--steps", "30",
+                         "--batch-size", "16", "--samples", "1000", "--data", str(tmp_path)],
+                         capture_output=True, text=True, timeout=300, cwd=tempfile.gettempdir())
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "(mean of 2 ranks)" in out.stdout and "final loss" in out.stdout
