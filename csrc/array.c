@@ -214,7 +214,8 @@ ArrayObject *ga_array_empty(ga_state *st, ga_dtype dtype, int ndim, const int64_
     a->ndim = ndim;
     a->device = device;
     a->flags = pinned && device.type == GA_DEVICE_CPU ? GA_ARRAY_PINNED : 0;
-    memcpy(a->shape, shape, (size_t)ndim * sizeof(int64_t));
+    if (ndim > 0)
+        memcpy(a->shape, shape, (size_t)ndim * sizeof(int64_t));
     contiguous_strides(ndim, shape, (int64_t)ga_dtype_itemsize(dtype), a->strides);
     a->block = block;
     a->owns_block = 1;
@@ -235,7 +236,8 @@ ArrayObject *ga_array_from_block(ga_state *st, ga_block *block, ga_dtype dtype, 
     a->ndim = ndim;
     a->device = device;
     a->flags = flags;
-    memcpy(a->shape, shape, (size_t)ndim * sizeof(int64_t));
+    if (ndim > 0)
+        memcpy(a->shape, shape, (size_t)ndim * sizeof(int64_t));
     contiguous_strides(ndim, shape, (int64_t)ga_dtype_itemsize(dtype), a->strides);
     a->block = block;
     a->owns_block = 1;
@@ -257,10 +259,11 @@ ArrayObject *ga_array_wrap(ga_state *st, void *data, ga_dtype dtype, int ndim,
     a->ndim = ndim;
     a->device = device;
     a->flags = flags;
-    memcpy(a->shape, shape, (size_t)ndim * sizeof(int64_t));
-    if (strides)
+    if (ndim > 0) /* a 0-d array may come with NULL shape and strides */
+        memcpy(a->shape, shape, (size_t)ndim * sizeof(int64_t));
+    if (strides && ndim > 0)
         memcpy(a->strides, strides, (size_t)ndim * sizeof(int64_t));
-    else
+    else if (!strides)
         contiguous_strides(ndim, shape, (int64_t)ga_dtype_itemsize(dtype), a->strides);
     a->base = Py_XNewRef(owner);
     return a;
@@ -289,8 +292,10 @@ ArrayObject *ga_array_view(ga_state *st, ArrayObject *src, char *data, int ndim,
     a->ndim = ndim;
     a->device = src->device;
     a->flags = src->flags;
-    memcpy(a->shape, shape, (size_t)ndim * sizeof(int64_t));
-    memcpy(a->strides, strides, (size_t)ndim * sizeof(int64_t));
+    if (ndim > 0) {
+        memcpy(a->shape, shape, (size_t)ndim * sizeof(int64_t));
+        memcpy(a->strides, strides, (size_t)ndim * sizeof(int64_t));
+    }
     /* keep the root alive, not the chain of views */
     a->base = Py_NewRef(src->owns_block || src->dlpack ? (PyObject *)src : src->base);
     a->block = src->block;

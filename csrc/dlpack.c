@@ -96,8 +96,12 @@ static void export_release(export_ctx *ctx)
 {
     /* Runs in whichever thread the consumer drops the tensor in, maybe
      * during interpreter shutdown, when touching Python would crash. */
-    if (!Py_IsInitialized() || ga_is_finalizing())
+    if (!Py_IsInitialized() || ga_is_finalizing()) {
+        /* the Array is left to the dying interpreter; our own context
+         * needs no Python and is freed */
+        free(ctx);
         return;
+    }
     PyGILState_STATE gil = PyGILState_Ensure();
     if (ctx->has_consumer_stream && ctx->block)
         (void)ga_block_record_use_status(ctx->block, ctx->device, ctx->consumer_stream);
