@@ -18,6 +18,7 @@
 
 #include "../activation.h"
 #include "../convert.h"
+#include "floatrun.h"
 #include "parallel.h"
 
 /* Elements per task, and per inner segment (a stack buffer per operand). */
@@ -31,96 +32,6 @@
 #define PARTIAL_LIMIT (1 << 22)
 
 /* ------------------------------------------------------------ elements */
-
-/* Element runs to and from the compute type, the dtype switch outside the
- * loop (one exact widening, one round-to-nearest-even narrowing). */
-static void gather_f(ga_dtype dtype, const char *src, int64_t stride, int64_t n, float *out)
-{
-    switch (dtype) {
-    case GA_FLOAT16:
-        for (int64_t k = 0; k < n; k++)
-            out[k] = (float)ga_f16_to_f64(ga_ld16(src + k * stride));
-        break;
-    case GA_BFLOAT16:
-        for (int64_t k = 0; k < n; k++)
-            out[k] = (float)ga_bf16_to_f64(ga_ld16(src + k * stride));
-        break;
-    case GA_FLOAT32:
-        for (int64_t k = 0; k < n; k++)
-            out[k] = ga_ld_f32(src + k * stride);
-        break;
-    default:
-        for (int64_t k = 0; k < n; k++)
-            out[k] = (float)ga_ld_f64(src + k * stride);
-        break;
-    }
-}
-
-static void gather_d(ga_dtype dtype, const char *src, int64_t stride, int64_t n, double *out)
-{
-    switch (dtype) {
-    case GA_FLOAT16:
-        for (int64_t k = 0; k < n; k++)
-            out[k] = ga_f16_to_f64(ga_ld16(src + k * stride));
-        break;
-    case GA_BFLOAT16:
-        for (int64_t k = 0; k < n; k++)
-            out[k] = ga_bf16_to_f64(ga_ld16(src + k * stride));
-        break;
-    case GA_FLOAT32:
-        for (int64_t k = 0; k < n; k++)
-            out[k] = ga_ld_f32(src + k * stride);
-        break;
-    default:
-        for (int64_t k = 0; k < n; k++)
-            out[k] = ga_ld_f64(src + k * stride);
-        break;
-    }
-}
-
-static void scatter_f(ga_dtype dtype, char *dst, int64_t stride, int64_t n, const float *v)
-{
-    switch (dtype) {
-    case GA_FLOAT16:
-        for (int64_t k = 0; k < n; k++)
-            GA_STORE_AS(uint16_t, dst + k * stride, ga_f64_to_f16(v[k]));
-        break;
-    case GA_BFLOAT16:
-        for (int64_t k = 0; k < n; k++)
-            GA_STORE_AS(uint16_t, dst + k * stride, ga_f64_to_bf16(v[k]));
-        break;
-    case GA_FLOAT32:
-        for (int64_t k = 0; k < n; k++)
-            GA_STORE_AS(float, dst + k * stride, v[k]);
-        break;
-    default:
-        for (int64_t k = 0; k < n; k++)
-            GA_STORE_AS(double, dst + k * stride, v[k]);
-        break;
-    }
-}
-
-static void scatter_d(ga_dtype dtype, char *dst, int64_t stride, int64_t n, const double *v)
-{
-    switch (dtype) {
-    case GA_FLOAT16:
-        for (int64_t k = 0; k < n; k++)
-            GA_STORE_AS(uint16_t, dst + k * stride, ga_f64_to_f16(v[k]));
-        break;
-    case GA_BFLOAT16:
-        for (int64_t k = 0; k < n; k++)
-            GA_STORE_AS(uint16_t, dst + k * stride, ga_f64_to_bf16(v[k]));
-        break;
-    case GA_FLOAT32:
-        for (int64_t k = 0; k < n; k++)
-            GA_STORE_AS(float, dst + k * stride, (float)v[k]);
-        break;
-    default:
-        for (int64_t k = 0; k < n; k++)
-            GA_STORE_AS(double, dst + k * stride, v[k]);
-        break;
-    }
-}
 
 /* v rounded to `dtype` and back: what a store then a load would give. */
 static void round_f(ga_dtype dtype, int64_t n, float *v)
@@ -360,22 +271,22 @@ static void bias_act_f(const bias_act_job *job, const char *x, char *y, char *pr
 {
     const ga_bias_act_desc *d = job->d;
     float v[SEG], b[SEG];
-    gather_f(d->x.dtype, x, s[0], n, v);
+    ga_gather_f(d->x.dtype, x, s[0], n, v, 1);
     if (d->bias) {
         int64_t size = (int64_t)ga_dtype_itemsize(d->bias_dtype);
         if (job->L.chan == job->L.ndim - 1) /* the channel is the innermost dim */
-            gather_f(d->bias_dtype, (const char *)d->bias + i * size, size, n, b);
+            ga_gather_f(d->bias_dtype, (const char *)d->bias + i * size, size, n, b, 1);
         else
-            gather_f(d->bias_dtype, (const char *)d->bias + chan * size, 0, n, b);
+            ga_gather_f(d->bias_dtype, (const char *)d->bias + chan * size, 0, n, b, 1);
         for (int64_t k = 0; k < n; k++)
             v[k] += b[k];
     }
     if (pre)
-        scatter_f(d->preact.dtype, pre, s[2], n, v);
+        ga_scatter_f(d->preact.dtype, pre, s[2], n, v);
     if (d->activation != GA_ACT_NONE)
         for (int64_t k = 0; k < n; k++)
             v[k] = ga_activate_f(d->activation, v[k]);
-    scatter_f(d->y.dtype, y, s[1], n, v);
+    ga_scatter_f(d->y.dtype, y, s[1], n, v);
 }
 
 static void bias_act_d(const bias_act_job *job, const char *x, char *y, char *pre,
@@ -383,22 +294,22 @@ static void bias_act_d(const bias_act_job *job, const char *x, char *y, char *pr
 {
     const ga_bias_act_desc *d = job->d;
     double v[SEG], b[SEG];
-    gather_d(d->x.dtype, x, s[0], n, v);
+    ga_gather_d(d->x.dtype, x, s[0], n, v, 1);
     if (d->bias) {
         int64_t size = (int64_t)ga_dtype_itemsize(d->bias_dtype);
         if (job->L.chan == job->L.ndim - 1)
-            gather_d(d->bias_dtype, (const char *)d->bias + i * size, size, n, b);
+            ga_gather_d(d->bias_dtype, (const char *)d->bias + i * size, size, n, b, 1);
         else
-            gather_d(d->bias_dtype, (const char *)d->bias + chan * size, 0, n, b);
+            ga_gather_d(d->bias_dtype, (const char *)d->bias + chan * size, 0, n, b, 1);
         for (int64_t k = 0; k < n; k++)
             v[k] += b[k];
     }
     if (pre)
-        scatter_d(d->preact.dtype, pre, s[2], n, v);
+        ga_scatter_d(d->preact.dtype, pre, s[2], n, v);
     if (d->activation != GA_ACT_NONE)
         for (int64_t k = 0; k < n; k++)
             v[k] = ga_activate_d(d->activation, v[k]);
-    scatter_d(d->y.dtype, y, s[1], n, v);
+    ga_scatter_d(d->y.dtype, y, s[1], n, v);
 }
 
 /* Elements [begin, end) in row-major order, a row piece at a time. */
@@ -482,31 +393,31 @@ typedef struct {
 static void dz_f(const bwd_job *job, const char *g, const char *x, char *dz, const int64_t *s,
                  int64_t n, float *v)
 {
-    gather_f(job->d->grad_y.dtype, g, s[0], n, v);
+    ga_gather_f(job->d->grad_y.dtype, g, s[0], n, v, 1);
     if (job->aux) {
         float a[SEG];
-        gather_f(job->d->aux.dtype, x, s[1], n, a);
+        ga_gather_f(job->d->aux.dtype, x, s[1], n, a, 1);
         for (int64_t k = 0; k < n; k++)
             v[k] *= ga_activation_grad_f(job->act, a[k]);
     }
     round_f(job->sum_dtype, n, v);
     if (dz)
-        scatter_f(job->sum_dtype, dz, s[2], n, v);
+        ga_scatter_f(job->sum_dtype, dz, s[2], n, v);
 }
 
 static void dz_d(const bwd_job *job, const char *g, const char *x, char *dz, const int64_t *s,
                  int64_t n, double *v)
 {
-    gather_d(job->d->grad_y.dtype, g, s[0], n, v);
+    ga_gather_d(job->d->grad_y.dtype, g, s[0], n, v, 1);
     if (job->aux) {
         double a[SEG];
-        gather_d(job->d->aux.dtype, x, s[1], n, a);
+        ga_gather_d(job->d->aux.dtype, x, s[1], n, a, 1);
         for (int64_t k = 0; k < n; k++)
             v[k] *= ga_activation_grad_d(job->act, a[k]);
     }
     round_d(job->sum_dtype, n, v);
     if (dz)
-        scatter_d(job->sum_dtype, dz, s[2], n, v);
+        ga_scatter_d(job->sum_dtype, dz, s[2], n, v);
 }
 
 /* One segment at byte offsets off[] with element strides s[]: dz written,
@@ -649,12 +560,12 @@ static void bias_grad_store(void *ctx, int64_t begin, int64_t end)
             double s[SEG] = {0};
             for (int64_t k = 0; k < job->nchunks; k++)
                 add_to(job, s, (const double *)job->partial + k * C + c0, n);
-            scatter_d(dtype, out, size, n, s);
+            ga_scatter_d(dtype, out, size, n, s);
         } else {
             float s[SEG] = {0};
             for (int64_t k = 0; k < job->nchunks; k++)
                 add_to(job, s, (const float *)job->partial + k * C + c0, n);
-            scatter_f(dtype, out, size, n, s);
+            ga_scatter_f(dtype, out, size, n, s);
         }
     }
 }

@@ -51,6 +51,7 @@
 #include <string.h>
 
 #include "../convert.h"
+#include "floatrun.h"
 #include "parallel.h"
 
 /* All the threads' unit buffers together (a unit bigger than this runs
@@ -152,46 +153,6 @@ static void copy_out(char *dst, int64_t ds, const char *src, int64_t n, int64_t 
         memcpy(dst + k * ds, src + k * e, (size_t)e);
 }
 
-/* v[0, n) rounded once to `dtype` (round to nearest even, as the GPU). */
-static void store_f(ga_dtype dtype, char *dst, int64_t stride, int64_t n, const float *v)
-{
-    switch (dtype) {
-    case GA_FLOAT16:
-        for (int64_t k = 0; k < n; k++)
-            GA_STORE_AS(uint16_t, dst + k * stride, ga_f64_to_f16(v[k]));
-        break;
-    case GA_BFLOAT16:
-        for (int64_t k = 0; k < n; k++)
-            GA_STORE_AS(uint16_t, dst + k * stride, ga_f64_to_bf16(v[k]));
-        break;
-    default:
-        for (int64_t k = 0; k < n; k++)
-            GA_STORE_AS(float, dst + k * stride, v[k]);
-        break;
-    }
-}
-
-static void store_d(ga_dtype dtype, char *dst, int64_t stride, int64_t n, const double *v)
-{
-    switch (dtype) {
-    case GA_FLOAT16:
-        for (int64_t k = 0; k < n; k++)
-            GA_STORE_AS(uint16_t, dst + k * stride, ga_f64_to_f16(v[k]));
-        break;
-    case GA_BFLOAT16:
-        for (int64_t k = 0; k < n; k++)
-            GA_STORE_AS(uint16_t, dst + k * stride, ga_f64_to_bf16(v[k]));
-        break;
-    case GA_FLOAT32:
-        for (int64_t k = 0; k < n; k++)
-            GA_STORE_AS(float, dst + k * stride, v[k]);
-        break;
-    default:
-        for (int64_t k = 0; k < n; k++)
-            GA_STORE_AS(double, dst + k * stride, v[k]);
-        break;
-    }
-}
 
 /* ---------------------------------------------------------------- shape */
 
@@ -743,8 +704,8 @@ typedef struct {
             }                                                                   \
     }
 
-GA_DEFINE_COL2IM(float, f, store_f)
-GA_DEFINE_COL2IM(double, d, store_d)
+GA_DEFINE_COL2IM(float, f, ga_scatter_f)
+GA_DEFINE_COL2IM(double, d, ga_scatter_d)
 
 /* dx rows [h0, h1) of image n that no output pixel reads. */
 static void zero_rows(const conv_shape *s, const ga_tensor *dx, int64_t n, int64_t h0, int64_t h1)
@@ -945,12 +906,12 @@ static void store_dw(void *ctx, int64_t k0, int64_t k1)
                         double v = 0.0;
                         for (int64_t j = 0; j < op->parts; j++)
                             v += ((const double *)op->acc)[j * op->wsize + i];
-                        store_d(s->dtype, dst, 0, 1, &v);
+                        ga_scatter_d(s->dtype, dst, 0, 1, &v);
                     } else {
                         float v = 0.0f;
                         for (int64_t j = 0; j < op->parts; j++)
                             v += ((const float *)op->acc)[j * op->wsize + i];
-                        store_f(s->dtype, dst, 0, 1, &v);
+                        ga_scatter_f(s->dtype, dst, 0, 1, &v);
                     }
                 }
 }

@@ -30,6 +30,7 @@
 
 #include "../activation.h"
 #include "../convert.h"
+#include "floatrun.h"
 #include "parallel.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -63,117 +64,6 @@
 #define GA_CPU_GRAIN 65536
 
 /* ------------------------------------------------------------ elements */
-
-/* Element runs converted to the compute type: dtype switch outside the loop
- * (convert.h's exact conversions; a float16 or bfloat16 widens exactly). */
-static void gather_f(ga_dtype dtype, const char *src, int64_t stride, int64_t n, void *out_,
-                     int64_t out_stride)
-{
-    float *out = (float *)out_;
-    switch (dtype) {
-    case GA_FLOAT16:
-        for (int64_t k = 0; k < n; k++)
-            out[k * out_stride] = (float)ga_f16_to_f64(ga_ld16(src + k * stride));
-        break;
-    case GA_BFLOAT16:
-        for (int64_t k = 0; k < n; k++)
-            out[k * out_stride] = (float)ga_bf16_to_f64(ga_ld16(src + k * stride));
-        break;
-    case GA_FLOAT32:
-        if (stride == 4 && out_stride == 1) {
-            memcpy(out, src, (size_t)n * 4);
-            break;
-        }
-        for (int64_t k = 0; k < n; k++)
-            out[k * out_stride] = ga_ld_f32(src + k * stride);
-        break;
-    default:
-        for (int64_t k = 0; k < n; k++)
-            out[k * out_stride] = (float)ga_ld_f64(src + k * stride);
-        break;
-    }
-}
-
-static void gather_d(ga_dtype dtype, const char *src, int64_t stride, int64_t n, void *out_,
-                     int64_t out_stride)
-{
-    double *out = (double *)out_;
-    switch (dtype) {
-    case GA_FLOAT16:
-        for (int64_t k = 0; k < n; k++)
-            out[k * out_stride] = ga_f16_to_f64(ga_ld16(src + k * stride));
-        break;
-    case GA_BFLOAT16:
-        for (int64_t k = 0; k < n; k++)
-            out[k * out_stride] = ga_bf16_to_f64(ga_ld16(src + k * stride));
-        break;
-    case GA_FLOAT32:
-        for (int64_t k = 0; k < n; k++)
-            out[k * out_stride] = ga_ld_f32(src + k * stride);
-        break;
-    default:
-        if (stride == 8 && out_stride == 1) {
-            memcpy(out, src, (size_t)n * 8);
-            break;
-        }
-        for (int64_t k = 0; k < n; k++)
-            out[k * out_stride] = ga_ld_f64(src + k * stride);
-        break;
-    }
-}
-
-/* v[0, n) rounded once to `dtype` (round to nearest even, as the GPU). */
-static void scatter_f(ga_dtype dtype, char *dst, int64_t stride, int64_t n, const float *v)
-{
-    switch (dtype) {
-    case GA_FLOAT16:
-        for (int64_t k = 0; k < n; k++)
-            GA_STORE_AS(uint16_t, dst + k * stride, ga_f64_to_f16(v[k]));
-        break;
-    case GA_BFLOAT16:
-        for (int64_t k = 0; k < n; k++)
-            GA_STORE_AS(uint16_t, dst + k * stride, ga_f64_to_bf16(v[k]));
-        break;
-    case GA_FLOAT32:
-        if (stride == 4) {
-            memcpy(dst, v, (size_t)n * 4);
-            break;
-        }
-        for (int64_t k = 0; k < n; k++)
-            GA_STORE_AS(float, dst + k * stride, v[k]);
-        break;
-    default:
-        for (int64_t k = 0; k < n; k++)
-            GA_STORE_AS(double, dst + k * stride, v[k]);
-        break;
-    }
-}
-
-static void scatter_d(ga_dtype dtype, char *dst, int64_t stride, int64_t n, const double *v)
-{
-    switch (dtype) {
-    case GA_FLOAT16:
-        for (int64_t k = 0; k < n; k++)
-            GA_STORE_AS(uint16_t, dst + k * stride, ga_f64_to_f16(v[k]));
-        break;
-    case GA_BFLOAT16:
-        for (int64_t k = 0; k < n; k++)
-            GA_STORE_AS(uint16_t, dst + k * stride, ga_f64_to_bf16(v[k]));
-        break;
-    case GA_FLOAT32:
-        for (int64_t k = 0; k < n; k++)
-            GA_STORE_AS(float, dst + k * stride, v[k]);
-        break;
-    default:
-        if (stride == 8) {
-            memcpy(dst, v, (size_t)n * 8);
-            break;
-        }
-        for (int64_t k = 0; k < n; k++)
-            GA_STORE_AS(double, dst + k * stride, v[k]);
-        break;
-    }
-}
 
 /* -------------------------------------------------------- micro-kernels */
 
@@ -433,7 +323,7 @@ static void epilogue_f(const gemm_job *job, int64_t b, int64_t i, int64_t j, int
     const ga_matmul_desc *d = job->desc;
     if (d->dact != GA_ACT_NONE) {
         float aux[NR_MAX];
-        gather_f(job->aux.dtype, at(&job->aux, b, i, j), job->aux.cs, n, aux, 1);
+        ga_gather_f(job->aux.dtype, at(&job->aux, b, i, j), job->aux.cs, n, aux, 1);
         for (int64_t c = 0; c < n; c++)
             v[c] *= ga_activation_grad_f(d->dact, aux[c]);
     }
@@ -443,14 +333,14 @@ static void epilogue_f(const gemm_job *job, int64_t b, int64_t i, int64_t j, int
             v[c] += bias[c];
     }
     if (job->preact.data)
-        scatter_f(job->preact.dtype, (char *)at(&job->preact, b, i, j), job->preact.cs, n, v);
+        ga_scatter_f(job->preact.dtype, (char *)at(&job->preact, b, i, j), job->preact.cs, n, v);
     if (d->activation != GA_ACT_NONE)
         for (int64_t c = 0; c < n; c++)
             v[c] = ga_activate_f(d->activation, v[c]);
     if (colsum)
         for (int64_t c = 0; c < n; c++)
             colsum[c] += v[c];
-    scatter_f(job->d.dtype, (char *)at(&job->d, b, i, j), job->d.cs, n, v);
+    ga_scatter_f(job->d.dtype, (char *)at(&job->d, b, i, j), job->d.cs, n, v);
 }
 
 static void epilogue_d(const gemm_job *job, int64_t b, int64_t i, int64_t j, int64_t n, double *v,
@@ -459,7 +349,7 @@ static void epilogue_d(const gemm_job *job, int64_t b, int64_t i, int64_t j, int
     const ga_matmul_desc *d = job->desc;
     if (d->dact != GA_ACT_NONE) {
         double aux[NR_MAX];
-        gather_d(job->aux.dtype, at(&job->aux, b, i, j), job->aux.cs, n, aux, 1);
+        ga_gather_d(job->aux.dtype, at(&job->aux, b, i, j), job->aux.cs, n, aux, 1);
         for (int64_t c = 0; c < n; c++)
             v[c] *= ga_activation_grad_d(d->dact, aux[c]);
     }
@@ -469,14 +359,14 @@ static void epilogue_d(const gemm_job *job, int64_t b, int64_t i, int64_t j, int
             v[c] += bias[c];
     }
     if (job->preact.data)
-        scatter_d(job->preact.dtype, (char *)at(&job->preact, b, i, j), job->preact.cs, n, v);
+        ga_scatter_d(job->preact.dtype, (char *)at(&job->preact, b, i, j), job->preact.cs, n, v);
     if (d->activation != GA_ACT_NONE)
         for (int64_t c = 0; c < n; c++)
             v[c] = ga_activate_d(d->activation, v[c]);
     if (colsum)
         for (int64_t c = 0; c < n; c++)
             colsum[c] += v[c];
-    scatter_d(job->d.dtype, (char *)at(&job->d, b, i, j), job->d.cs, n, v);
+    ga_scatter_d(job->d.dtype, (char *)at(&job->d, b, i, j), job->d.cs, n, v);
 }
 
 /* The block's accumulator tiles, [panel][sliver][MR][NR], through the
@@ -568,14 +458,14 @@ static void reduce_col_sums(void *ctx, int64_t begin, int64_t end)
             for (int64_t r = 0; r < rows; r++)
                 for (int64_t c = 0; c < n; c++)
                     s[c] += part[r * N + c];
-            scatter_f(dtype, out + (j0 - begin) * stride, stride, n, s);
+            ga_scatter_f(dtype, out + (j0 - begin) * stride, stride, n, s);
         } else {
             double s[NR_MAX] = {0};
             const double *part = (const double *)job->col_partial + j0;
             for (int64_t r = 0; r < rows; r++)
                 for (int64_t c = 0; c < n; c++)
                     s[c] += part[r * N + c];
-            scatter_d(dtype, out + (j0 - begin) * stride, stride, n, s);
+            ga_scatter_d(dtype, out + (j0 - begin) * stride, stride, n, s);
         }
     }
 }
@@ -588,7 +478,7 @@ static void row_sums_f(const gemm_job *job, int64_t i0, int64_t n, float *s, flo
     memset(s, 0, (size_t)n * sizeof *s);
     if (abs64(A->rs) < abs64(A->cs)) {
         for (int64_t k = 0; k < job->K; k++) {
-            gather_f(A->dtype, at(A, 0, i0, k), A->rs, n, buf, 1);
+            ga_gather_f(A->dtype, at(A, 0, i0, k), A->rs, n, buf, 1);
             for (int64_t r = 0; r < n; r++)
                 s[r] += buf[r];
         }
@@ -597,7 +487,7 @@ static void row_sums_f(const gemm_job *job, int64_t i0, int64_t n, float *s, flo
     for (int64_t r = 0; r < n; r++)
         for (int64_t k0 = 0; k0 < job->K; k0 += ROW_SUM_BLOCK) {
             int64_t len = min64(ROW_SUM_BLOCK, job->K - k0);
-            gather_f(A->dtype, at(A, 0, i0 + r, k0), A->cs, len, buf, 1);
+            ga_gather_f(A->dtype, at(A, 0, i0 + r, k0), A->cs, len, buf, 1);
             for (int64_t k = 0; k < len; k++)
                 s[r] += buf[k];
         }
@@ -609,7 +499,7 @@ static void row_sums_d(const gemm_job *job, int64_t i0, int64_t n, double *s, do
     memset(s, 0, (size_t)n * sizeof *s);
     if (abs64(A->rs) < abs64(A->cs)) {
         for (int64_t k = 0; k < job->K; k++) {
-            gather_d(A->dtype, at(A, 0, i0, k), A->rs, n, buf, 1);
+            ga_gather_d(A->dtype, at(A, 0, i0, k), A->rs, n, buf, 1);
             for (int64_t r = 0; r < n; r++)
                 s[r] += buf[r];
         }
@@ -618,7 +508,7 @@ static void row_sums_d(const gemm_job *job, int64_t i0, int64_t n, double *s, do
     for (int64_t r = 0; r < n; r++)
         for (int64_t k0 = 0; k0 < job->K; k0 += ROW_SUM_BLOCK) {
             int64_t len = min64(ROW_SUM_BLOCK, job->K - k0);
-            gather_d(A->dtype, at(A, 0, i0 + r, k0), A->cs, len, buf, 1);
+            ga_gather_d(A->dtype, at(A, 0, i0 + r, k0), A->cs, len, buf, 1);
             for (int64_t k = 0; k < len; k++)
                 s[r] += buf[k];
         }
@@ -635,11 +525,11 @@ static void row_sums_range(void *ctx, int64_t begin, int64_t end)
         if (job->kind.elem == sizeof(float)) {
             float s[ROW_SUM_BLOCK], buf[ROW_SUM_BLOCK];
             row_sums_f(job, i0, n, s, buf);
-            scatter_f(dtype, out, size, n, s);
+            ga_scatter_f(dtype, out, size, n, s);
         } else {
             double s[ROW_SUM_BLOCK], buf[ROW_SUM_BLOCK];
             row_sums_d(job, i0, n, s, buf);
-            scatter_d(dtype, out, size, n, s);
+            ga_scatter_d(dtype, out, size, n, s);
         }
     }
 }
@@ -724,7 +614,7 @@ static gemm_kind pick_kind(ga_dtype dtype)
 {
     int f64 = dtype == GA_FLOAT64;
     gemm_kind k = {f64 ? sizeof(double) : sizeof(float), f64 ? NR_D : NR_F,
-                   f64 ? gather_d : gather_f, f64 ? kernel_f64_generic : kernel_f32_generic};
+                   f64 ? ga_gather_d : ga_gather_f, f64 ? kernel_f64_generic : kernel_f32_generic};
 #if GA_HAVE_FMA_KERNELS
     if (cpu_has_fma())
         k.kernel = f64 ? kernel_f64_fma : kernel_f32_fma;
