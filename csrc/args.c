@@ -7,6 +7,40 @@
  */
 #include "module.h"
 
+#include <string.h>
+
+const char *ga_exact_utf8(PyObject *obj)
+{
+    if (!obj || !PyUnicode_Check(obj))
+        return NULL;
+    Py_ssize_t length;
+    const char *text = PyUnicode_AsUTF8AndSize(obj, &length);
+    if (!text || (size_t)length != strlen(text)) {
+        PyErr_Clear();
+        return NULL;
+    }
+    return text;
+}
+
+int ga_lookup_attr(PyObject *obj, PyObject *name, PyObject **result)
+{
+    *result = PyObject_GetAttr(obj, name);
+    if (*result)
+        return 1;
+    if (!PyErr_ExceptionMatches(PyExc_AttributeError))
+        return -1;
+    PyErr_Clear();
+    return 0;
+}
+
+int ga_has_attr(PyObject *obj, PyObject *name)
+{
+    PyObject *value;
+    int rc = ga_lookup_attr(obj, name, &value);
+    Py_XDECREF(value);
+    return rc;
+}
+
 int ga_parse_args(const char *func, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
                   const char *const *names, int max_positional, int required, PyObject **values)
 {

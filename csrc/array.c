@@ -473,7 +473,7 @@ static int index_view(ArrayObject *self, PyObject *key, char **data, int *ndim, 
                      self->ndim, consumed);
         goto done;
     }
-    char *ptr = self->data;
+    int64_t offset = 0; /* bytes from self->data (which is NULL for some empty arrays) */
     int src = 0, out = 0;
     for (Py_ssize_t k = 0; k < n; k++) {
         PyObject *item = PyTuple_GET_ITEM(items, k);
@@ -504,7 +504,7 @@ static int index_view(ArrayObject *self, PyObject *key, char **data, int *ndim, 
             Py_ssize_t len = PySlice_AdjustIndices((Py_ssize_t)self->shape[src], &start, &stop,
                                                    step);
             if (len > 0)
-                ptr += start * self->strides[src];
+                offset += start * self->strides[src];
             shape[out] = len;
             strides[out] = self->strides[src] * step;
             src++, out++;
@@ -523,7 +523,7 @@ static int index_view(ArrayObject *self, PyObject *key, char **data, int *ndim, 
             }
             if (i < 0)
                 i += size;
-            ptr += i * self->strides[src];
+            offset += i * self->strides[src];
             src++;
         } else {
             raise_bad_index(item);
@@ -539,7 +539,7 @@ static int index_view(ArrayObject *self, PyObject *key, char **data, int *ndim, 
         shape[out] = self->shape[src];
         strides[out] = self->strides[src];
     }
-    *data = ptr;
+    *data = self->data ? (char *)self->data + offset : NULL;
     *ndim = out;
     rc = 0;
 done:

@@ -266,8 +266,10 @@ static int numpy_makes_new_array(PyObject *obj)
            PyBool_Check(obj) || PyArray_IsScalar(obj, Generic);
 }
 
-static ArrayObject *from_numpy_convertible(ga_state *st, PyObject *obj)
+/* *swapped: the data was byte-swapped into a private copy. */
+static ArrayObject *from_numpy_convertible(ga_state *st, PyObject *obj, int *swapped)
 {
+    *swapped = 0;
     PyObject *arr;
     if (!PyArray_Check(obj) && PyObject_CheckBuffer(obj)) {
         /* through a memoryview, so that bytes-like objects keep their
@@ -286,12 +288,13 @@ static ArrayObject *from_numpy_convertible(ga_state *st, PyObject *obj)
         /* big-endian data: gpuaccel computes in the machine's byte order */
         PyArray_Descr *native =
             PyArray_DescrNewByteorder(PyArray_DESCR((PyArrayObject *)arr), NPY_NATIVE);
-        PyObject *swapped = native ? PyArray_FromAny(arr, native, 0, 0, NPY_ARRAY_DEFAULT, NULL)
-                                   : NULL;
+        PyObject *swapped_arr =
+            native ? PyArray_FromAny(arr, native, 0, 0, NPY_ARRAY_DEFAULT, NULL) : NULL;
         Py_DECREF(arr);
-        if (!swapped)
+        if (!swapped_arr)
             return NULL;
-        arr = swapped;
+        arr = swapped_arr;
+        *swapped = 1;
     }
     PyArrayObject *a = (PyArrayObject *)arr;
     ga_dtype dtype;
@@ -346,19 +349,27 @@ ArrayObject *ga_asarray(ga_state *st, PyObject *obj, const ga_dtype *dtype,
                         const ga_device *device, int copy, PyObject *stream_obj)
 {
     ArrayObject *arr = NULL;
-    int fresh = 0; /* arr is already a private copy of obj's values */
+    int fresh = 0;   /* arr is already a private copy of obj's values */
+    int swapped = 0; /* ... made because obj's bytes are not in native order */
+    int has_dlpack = 0;
+    PyObject *cai = NULL;
+    if (!ga_is_array(st, obj) && !PyCapsule_CheckExact(obj)) {
+        /* an attribute that raises something else than AttributeError is
+         * an error to report, not a missing interface */
+        if ((has_dlpack = ga_has_attr(obj, st->str_dlpack)) < 0)
+            return NULL;
+        if (!has_dlpack && ga_lookup_attr(obj, st->str_cuda_array_interface, &cai) < 0)
+            return NULL;
+    }
     if (ga_is_array(st, obj)) {
         arr = (ArrayObject *)Py_NewRef(obj);
-    } else if (PyCapsule_CheckExact(obj) || PyObject_HasAttr(obj, st->str_dlpack)) {
+    } else if (PyCapsule_CheckExact(obj) || has_dlpack) {
         arr = ga_from_dlpack_object(st, obj);
         if (!arr && PyErr_ExceptionMatches(PyExc_BufferError) && PyObject_CheckBuffer(obj)) {
-            PyErr_Clear(); /* e.g. a read-only NumPy array of an old NumPy */
-            arr = from_numpy_convertible(st, obj);
+            PyErr_Clear(); /* e.g. a big-endian or read-only NumPy array */
+            arr = from_numpy_convertible(st, obj, &swapped);
         }
-    } else if (PyObject_HasAttr(obj, st->str_cuda_array_interface)) {
-        PyObject *cai = PyObject_GetAttr(obj, st->str_cuda_array_interface);
-        if (!cai)
-            return NULL;
+    } else if (cai) {
         arr = ga_from_cuda_array_interface(st, obj, cai);
         Py_DECREF(cai);
     } else {
@@ -369,11 +380,19 @@ ArrayObject *ga_asarray(ga_state *st, PyObject *obj, const ga_dtype *dtype,
                          ga_type_name(obj));
             return NULL;
         }
-        arr = from_numpy_convertible(st, obj);
+        arr = from_numpy_convertible(st, obj, &swapped);
     }
     if (!arr)
         return NULL;
-    return ga_array_convert(st, arr, fresh, dtype, device, copy, stream_obj);
+    if (swapped && copy == 0) {
+        PyErr_Format(PyExc_ValueError,
+                     "asarray: copy=False, but this %.200s holds non-native byte order data, "
+                     "which has to be copied into the machine's byte order",
+                     ga_type_name(obj));
+        Py_DECREF(arr);
+        return NULL;
+    }
+    return ga_array_convert(st, arr, fresh || swapped, dtype, device, copy, stream_obj);
 }
 
 PyObject *ga_py_asarray(PyObject *module, PyObject *const *args, Py_ssize_t nargs,

@@ -160,13 +160,15 @@ int ga_device_from_object(ga_state *st, PyObject *obj, ga_device *out, const cha
         return 0;
     }
     if (PyUnicode_Check(obj)) {
-        const char *text = PyUnicode_AsUTF8(obj);
-        return text ? device_from_str(text, out, obj, argname) : -1;
+        const char *text = ga_exact_utf8(obj);
+        return text ? device_from_str(text, out, obj, argname) : raise_bad_device(obj, argname);
     }
     if (PyLong_Check(obj) && !PyBool_Check(obj)) {
         long index = PyLong_AsLong(obj);
-        if (index == -1 && PyErr_Occurred())
-            return -1;
+        if (index == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return raise_bad_device(obj, argname);
+        }
         if (index < 0) {
             PyErr_Format(PyExc_ValueError, "%s: device index must be >= 0, got %ld", argname,
                          index);

@@ -321,8 +321,8 @@ PyObject *ga_array_dlpack(ArrayObject *self, PyObject *const *args, Py_ssize_t n
             ctx->consumer_stream = consumer;
         }
     } else if (stream_obj != Py_None && !(PyLong_Check(stream_obj) &&
-                                          PyLong_AsLong(stream_obj) == -1)) {
-        PyErr_Clear();
+                                          PyLong_AsLong(stream_obj) == -1 && !PyErr_Occurred())) {
+        PyErr_Clear(); /* an int beyond a C long is just a wrong stream */
         PyErr_Format(PyExc_ValueError,
                      "__dlpack__: stream must be None for an array in host memory, got %R",
                      stream_obj);
@@ -536,11 +536,15 @@ static PyObject *call_dlpack(ga_state *st, PyObject *obj)
         return NULL;
     if (current) {
         Py_DECREF(current);
-        PyObject *device = PyObject_HasAttr(obj, st->str_dlpack_device)
-                               ? PyObject_CallMethodNoArgs(obj, st->str_dlpack_device)
-                               : NULL;
-        if (PyErr_Occurred())
+        PyObject *method = NULL, *device = NULL;
+        if (ga_lookup_attr(obj, st->str_dlpack_device, &method) < 0)
             return NULL;
+        if (method) {
+            device = PyObject_CallNoArgs(method);
+            Py_DECREF(method);
+            if (!device)
+                return NULL;
+        }
         int type = 0, id = 0;
         if (device && (!PyTuple_Check(device) || !PyArg_ParseTuple(device, "ii", &type, &id))) {
             PyErr_Clear();
@@ -605,7 +609,10 @@ PyObject *ga_py_from_dlpack(PyObject *module, PyObject *const *args, Py_ssize_t 
         return NULL;
     PyObject *x = v[0], *device_obj = v[1], *copy_obj = v[2];
     ga_state *st = ga_state_from_module(module);
-    if (!PyCapsule_CheckExact(x) && !PyObject_HasAttr(x, st->str_dlpack)) {
+    int has_dlpack = PyCapsule_CheckExact(x) ? 1 : ga_has_attr(x, st->str_dlpack);
+    if (has_dlpack < 0)
+        return NULL;
+    if (!has_dlpack) {
         PyErr_Format(PyExc_TypeError,
                      "from_dlpack: x must have a __dlpack__ method or be a DLPack capsule, got "
                      "%.200s",
@@ -770,7 +777,7 @@ ArrayObject *ga_from_cuda_array_interface(ga_state *st, PyObject *obj, PyObject 
         }
     }
     ga_dtype dtype;
-    const char *typestr = PyUnicode_Check(typestr_obj) ? PyUnicode_AsUTF8(typestr_obj) : NULL;
+    const char *typestr = ga_exact_utf8(typestr_obj);
     if (!typestr || dtype_from_typestr(typestr, &dtype) < 0) {
         PyErr_Format(PyExc_TypeError,
                      "__cuda_array_interface__: typestr %R is not supported (use |b1, |u1, |i1, "

@@ -44,6 +44,15 @@ static int dtype_from_name(const char *name, ga_dtype *out)
     return -1;
 }
 
+static int raise_bad_dtype(PyObject *obj, const char *argname)
+{
+    PyErr_Format(PyExc_TypeError,
+                 "%s must be one of " ACCEPTED_DTYPES
+                 " (a str, NumPy dtype or torch.dtype), got %R",
+                 argname, obj);
+    return -1;
+}
+
 int ga_dtype_from_numpy_descr(ga_state *st, PyObject *descr_obj, ga_dtype *out)
 {
     (void)st;
@@ -89,21 +98,16 @@ int ga_dtype_from_numpy_descr(ga_state *st, PyObject *descr_obj, ga_dtype *out)
     return -1;
 }
 
-static int raise_bad_dtype(PyObject *obj, const char *argname)
-{
-    PyErr_Format(PyExc_TypeError,
-                 "%s must be one of " ACCEPTED_DTYPES
-                 " (a str, NumPy dtype or torch.dtype), got %R",
-                 argname, obj);
-    return -1;
-}
 
 int ga_dtype_from_object(ga_state *st, PyObject *obj, ga_dtype *out, const char *argname)
 {
     if (PyUnicode_Check(obj)) {
-        const char *name = PyUnicode_AsUTF8(obj);
-        if (!name)
-            return -1;
+        Py_ssize_t length;
+        const char *name = PyUnicode_AsUTF8AndSize(obj, &length);
+        if (!name || (size_t)length != strlen(name)) { /* unencodable, or an embedded NUL */
+            PyErr_Clear();
+            return raise_bad_dtype(obj, argname);
+        }
         if (strncmp(name, "torch.", 6) == 0)
             name += 6;
         if (dtype_from_name(name, out) == 0)
@@ -129,6 +133,14 @@ int ga_dtype_from_object(ga_state *st, PyObject *obj, ga_dtype *out, const char 
         return raise_bad_dtype(obj, argname);
     }
     int rc = ga_dtype_from_numpy_descr(st, (PyObject *)descr, out);
+    if (rc < 0 && !PyDataType_ISNOTSWAPPED(descr)) {
+        PyErr_Format(PyExc_TypeError,
+                     "%s %R has non-native byte order; gpuaccel arrays are native-endian: give "
+                     "the dtype without '>' or '<'",
+                     argname, obj);
+        Py_DECREF(descr);
+        return -1;
+    }
     Py_DECREF(descr);
     if (rc < 0)
         return raise_bad_dtype(obj, argname);

@@ -84,6 +84,15 @@ int ga_raise(ga_state *st, ga_status status);
 /* Parses METH_FASTCALL arguments by name: `names` is NULL-terminated; the
  * first `max_positional` may come positionally and the first `required`
  * must come.  values[i] is a borrowed reference, or NULL when absent. */
+/* The UTF-8 text of a str argument, or NULL (no exception set) when obj is
+ * not a str, is not encodable or holds a NUL ("gelu\0x" must not pass for
+ * "gelu").  Valid while obj lives. */
+const char *ga_exact_utf8(PyObject *obj);
+/* getattr that tells a missing attribute (0, *result NULL) from one whose
+ * lookup raised something else (-1, exception set: a property that fails
+ * must not pass for "no such interface"); 1 with a new reference. */
+int ga_lookup_attr(PyObject *obj, PyObject *name, PyObject **result);
+int ga_has_attr(PyObject *obj, PyObject *name);
 int ga_parse_args(const char *func, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
                   const char *const *names, int max_positional, int required, PyObject **values);
 

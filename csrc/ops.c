@@ -8,6 +8,7 @@
  */
 #include "npy.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -44,7 +45,7 @@ static void count_call(op_counters *c, int cuda, const ga_op_report *report)
 PyObject *ga_py_set_matmul_precision(PyObject *module, PyObject *arg)
 {
     (void)module;
-    const char *p = PyUnicode_Check(arg) ? PyUnicode_AsUTF8(arg) : NULL;
+    const char *p = ga_exact_utf8(arg);
     if (p && strcmp(p, "highest") == 0) {
         allow_tf32 = 0;
     } else if (p && strcmp(p, "high") == 0) {
@@ -173,8 +174,12 @@ static ArrayObject *operand(ga_state *st, PyObject *obj, const char *name)
     if (ga_is_torch_tensor(st, obj))
         return ga_from_torch(st, obj);
     /* arrays only: a list or a number is not silently turned into one */
-    if (!PyArray_Check(obj) && !PyObject_HasAttr(obj, st->str_dlpack) &&
-        !PyObject_HasAttr(obj, st->str_cuda_array_interface)) {
+    int has = PyArray_Check(obj) ? 1 : ga_has_attr(obj, st->str_dlpack);
+    if (has == 0)
+        has = ga_has_attr(obj, st->str_cuda_array_interface);
+    if (has < 0)
+        return NULL;
+    if (!has) {
         PyErr_Format(PyExc_TypeError,
                      "%s must be a gpuaccel Array or a tensor that exports DLPack (torch, NumPy, "
                      "CuPy, JAX), got %.200s",
@@ -214,8 +219,7 @@ static int check_same_device(ArrayObject *const *arrays, const char *const *name
 static int parse_activation(PyObject *obj, ga_activation *out, const char *op)
 {
     const char *name = obj == NULL || obj == Py_None ? "none"
-                       : PyUnicode_Check(obj)          ? PyUnicode_AsUTF8(obj)
-                                                       : NULL;
+                                                       : ga_exact_utf8(obj);
     if (name && strcmp(name, "none") == 0)
         *out = GA_ACT_NONE;
     else if (name && strcmp(name, "relu") == 0)
@@ -335,12 +339,23 @@ static ga_stream op_stream(ga_state *st, ga_device device, PyObject *stream_obj,
 }
 
 /* Leading dims of `a` before the last `keep` as one dimension, when their
- * strides allow (else -1). */
+ * strides allow (else -1).  The stride is 0 when it does not matter (no
+ * row, or one); rows that alias each other (a broadcast, stride 0) are not
+ * a matrix a GEMM can read or write: -1. */
 static int collapse_leading(const ArrayObject *a, int keep, int64_t *count, int64_t *stride)
 {
     int lead = a->ndim - keep;
     int64_t n = 1, s = 0;
     int first = 1;
+    for (int d = 0; d < a->ndim; d++) {
+        if (a->shape[d] == 0) { /* nothing to read or write: any stride will do */
+            for (int e = 0; e < lead; e++)
+                n *= a->shape[e];
+            *count = n;
+            *stride = 0;
+            return 0;
+        }
+    }
     for (int d = lead - 1; d >= 0; d--) {
         if (a->shape[d] == 1)
             continue;
@@ -352,8 +367,23 @@ static int collapse_leading(const ArrayObject *a, int keep, int64_t *count, int6
         }
         n *= a->shape[d];
     }
+    if (!first && s == 0 && n > 1)
+        return -1;
     *count = n;
     *stride = first ? 0 : s;
+    return 0;
+}
+
+/* The kernels read a bias as a dense vector: a strided one (a view with a
+ * step, reversed, broadcast) is copied first. */
+static int dense_bias(ga_state *st, ArrayObject **bias)
+{
+    if (!*bias || ga_array_is_contiguous(*bias))
+        return 0;
+    ArrayObject *c = ga_array_copy_to(st, *bias, (*bias)->device, (*bias)->dtype, 0, NULL);
+    if (!c)
+        return -1;
+    Py_SETREF(*bias, c);
     return 0;
 }
 
@@ -483,6 +513,8 @@ PyObject *ga_py_matmul(PyObject *module, PyObject *const *args, Py_ssize_t nargs
                                  a->device.type == GA_DEVICE_CUDA ? &s : NULL)))
             goto done;
     }
+    if (dense_bias(st, &bias) < 0)
+        goto done;
     if (bias && (bias->dtype != a->dtype && bias->dtype != out_dtype)) {
         ArrayObject *cast = ga_array_copy_to(st, bias, bias->device, out_dtype, 0, NULL);
         if (!cast)
@@ -627,6 +659,8 @@ PyObject *ga_py_linear(PyObject *module, PyObject *const *args, Py_ssize_t nargs
         PyErr_Format(PyExc_ValueError, "linear: bias must have shape (%lld,)", (long long)N);
         goto done;
     }
+    if (dense_bias(st, &bias) < 0)
+        goto done;
     int fail;
     ga_stream s = op_stream(st, x->device, v[6], &fail);
     if (fail)
@@ -983,19 +1017,19 @@ static int parse_conv_args(PyObject *stride, PyObject *padding, PyObject *dilati
         parse_pair(padding, 0, 0, out->geom.padding, op, "padding") < 0 ||
         parse_pair(dilation, 1, 1, out->geom.dilation, op, "dilation") < 0)
         return -1;
-    long g = 1;
+    long long g = 1;
     if (groups && groups != Py_None) {
-        g = PyLong_Check(groups) && !PyBool_Check(groups) ? PyLong_AsLong(groups) : -1;
-        if (g < 1) {
+        g = PyLong_Check(groups) && !PyBool_Check(groups) ? PyLong_AsLongLong(groups) : -1;
+        if (g < 1 || g > INT_MAX) { /* more groups than any tensor has channels */
             PyErr_Clear();
-            PyErr_Format(PyExc_ValueError, "%s: groups must be an int >= 1, got %R", op, groups);
+            PyErr_Format(PyExc_ValueError, "%s: groups must be an int from 1 to the number of "
+                         "input channels, got %R", op, groups);
             return -1;
         }
     }
     out->geom.groups = (int)g;
     const char *l = !layout || layout == Py_None ? "NCHW"
-                    : PyUnicode_Check(layout)    ? PyUnicode_AsUTF8(layout)
-                                                 : NULL;
+                                                 : ga_exact_utf8(layout);
     if (!l || (strcmp(l, "NCHW") && strcmp(l, "NHWC"))) {
         PyErr_Format(PyExc_ValueError, "%s: layout must be 'NCHW' or 'NHWC', got %R", op, layout);
         return -1;
@@ -1226,6 +1260,8 @@ PyObject *ga_py_conv2d(PyObject *module, PyObject *const *args, Py_ssize_t nargs
                      (long long)tw.shape[0]);
         goto done;
     }
+    if (dense_bias(st, &bias) < 0)
+        goto done;
     int64_t pq[2];
     if (conv_output_size(&tx, &tw, &ca.geom, pq, "conv2d") < 0)
         goto done;

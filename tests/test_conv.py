@@ -130,7 +130,7 @@ def test_out_and_needs_flags(rng):
         (dict(activation="elu"), ValueError, "activation"),
         (dict(layout="NDHWC"), ValueError, "layout"),
         (dict(dilation=4), ValueError, "output height would be empty"),
-        (dict(groups=0), ValueError, "groups must be an int >= 1"),
+        (dict(groups=0), ValueError, "groups must be an int from 1"),
     ],
 )
 def test_geometry_errors(kwargs, exc, words):
