@@ -39,6 +39,7 @@ typedef struct pinned_entry {
 } pinned_entry;
 
 static pthread_mutex_t alloc_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t alloc_atfork_once = PTHREAD_ONCE_INIT;
 static ga_counters host_counters;   /* pageable; the CPU limit covers host + pinned */
 static ga_counters pinned_counters;
 static ga_counters device_counters[GA_MAX_DEVICES];
@@ -54,6 +55,34 @@ typedef struct {
 static event_stack event_pool[GA_MAX_DEVICES];
 
 static __thread char oom_message[640];
+
+/* ----------------------------------------------------------- the lock */
+
+/* fork() while another thread (a loader worker, say) holds alloc_lock would
+ * leave the child's copy locked forever: hold it across the fork instead,
+ * so that both copies come out consistent and unlocked. */
+static void alloc_atfork_prepare(void)
+{
+    pthread_mutex_lock(&alloc_lock);
+}
+
+static void alloc_atfork_release(void)
+{
+    pthread_mutex_unlock(&alloc_lock);
+}
+
+static void alloc_register_atfork(void)
+{
+    pthread_atfork(alloc_atfork_prepare, alloc_atfork_release, alloc_atfork_release);
+}
+
+/* Every use of the pool goes through here; the fork handlers are in place
+ * before the lock is first taken. */
+static void alloc_lock_acquire(void)
+{
+    pthread_once(&alloc_atfork_once, alloc_register_atfork);
+    pthread_mutex_lock(&alloc_lock);
+}
 
 /* --------------------------------------------------------------- events */
 
@@ -304,7 +333,7 @@ ga_status ga_block_alloc_status(ga_mem_kind kind, int device, size_t size, ga_st
     b->kind = kind;
     b->device = kind == GA_MEM_DEVICE ? device : -1;
     b->size = size;
-    pthread_mutex_lock(&alloc_lock);
+    alloc_lock_acquire();
     ga_status status = kind == GA_MEM_HOST     ? alloc_host(b, size)
                        : kind == GA_MEM_PINNED ? alloc_pinned(b, size)
                                                : alloc_device(b, device, size, stream);
@@ -333,7 +362,7 @@ ga_status ga_block_set_ready(ga_block *b, ga_stream stream)
 {
     if (!b || b->kind != GA_MEM_DEVICE || !b->ptr)
         return ga_ok();
-    pthread_mutex_lock(&alloc_lock);
+    alloc_lock_acquire();
     ga_status status = ga_ok();
     if (!b->ready)
         status = event_get(b->device, &b->ready);
@@ -357,7 +386,7 @@ int ga_block_prepare_use(ga_state *st, ga_block *b, int device, ga_stream stream
 {
     if (!b || b->kind != GA_MEM_DEVICE || !b->ptr || same_stream(stream, b->stream))
         return 0;
-    pthread_mutex_lock(&alloc_lock);
+    alloc_lock_acquire();
     int known = 0;
     for (int k = 0; k < b->n_uses; k++)
         known |= same_stream(b->use_streams[k], stream) && b->use_devices[k] == device;
@@ -375,7 +404,7 @@ ga_status ga_block_record_use_status(ga_block *b, int device, ga_stream stream)
     if (device < 0 || device >= GA_MAX_DEVICES)
         return ga_ok();
     ga_status status = ga_ok();
-    pthread_mutex_lock(&alloc_lock);
+    alloc_lock_acquire();
     int k;
     for (k = 0; k < b->n_uses; k++)
         if (same_stream(b->use_streams[k], stream) && b->use_devices[k] == device)
@@ -426,7 +455,7 @@ ga_status ga_block_wait_all(ga_block *b, int device, ga_stream stream)
     ga_status status = ga_ok();
     if (!b || b->kind != GA_MEM_DEVICE || !b->ptr)
         return status;
-    pthread_mutex_lock(&alloc_lock);
+    alloc_lock_acquire();
     status = wait_until_valid(b, stream);
     for (int k = 0; k < b->n_uses && !status.error; k++)
         if (!same_stream(b->use_streams[k], stream) || b->use_devices[k] != device)
@@ -454,7 +483,7 @@ void ga_block_free(ga_block *b)
     if (!b)
         return;
     ga_status status = ga_ok();
-    pthread_mutex_lock(&alloc_lock);
+    alloc_lock_acquire();
     switch (b->kind) {
     case GA_MEM_HOST:
         free(b->ptr);
@@ -547,7 +576,7 @@ PyObject *ga_py_memory_stats(PyObject *module, PyObject *args, PyObject *kwargs)
     ga_device device;
     if (stats_device(st, device_obj, &device) < 0)
         return NULL;
-    pthread_mutex_lock(&alloc_lock);
+    alloc_lock_acquire();
     PyObject *result;
     if (device.type == GA_DEVICE_CPU) {
         ga_counters h = host_counters, p = pinned_counters;
@@ -593,7 +622,7 @@ PyObject *ga_py_memory_stats(PyObject *module, PyObject *args, PyObject *kwargs)
 PyObject *ga_py_empty_cache(PyObject *module, PyObject *unused)
 {
     (void)module, (void)unused;
-    pthread_mutex_lock(&alloc_lock);
+    alloc_lock_acquire();
     pinned_release_ready();
     int used[GA_MAX_DEVICES];
     memcpy(used, device_pool_used, sizeof used);
@@ -663,7 +692,7 @@ PyObject *ga_py_set_memory_limit(PyObject *module, PyObject *args, PyObject *kwa
                      ga_type_name(limit_obj));
         return NULL;
     }
-    pthread_mutex_lock(&alloc_lock);
+    alloc_lock_acquire();
     if (device.type == GA_DEVICE_CPU)
         host_counters.limit = limit;
     else

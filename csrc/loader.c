@@ -90,9 +90,13 @@ typedef struct {
     int nthreads, started_threads;
     pthread_t threads[GA_LOADER_MAX_THREADS];
     pthread_mutex_t mu;
-    pthread_cond_t work_cv, ready_cv;
+    pthread_cond_t work_cv, ready_cv, consumer_cv;
+    pid_t owner_pid;   /* the process whose threads these are (see forked()) */
+    int consumer_busy; /* a thread is inside next_batch (under mu) */
     int stopping;
-    int closed;
+    int closed;        /* (GIL) no batch will be returned any more */
+    int joined;        /* (GIL) the workers are gone */
+    int released;      /* (GIL) the ring's memory is back in the pool */
     int has_error;
     ga_status error_status; /* GA_OK with error_errno for I/O errors */
     int error_errno;
@@ -399,23 +403,43 @@ static void *worker_main(void *arg)
 
 /* -------------------------------------------------------- lifecycle */
 
-/* Stops and joins the workers, returns unused outputs and the ring.  Needs
- * the GIL (the pool), releases it while joining. */
-static void close_iterator(LoaderIterObject *it)
+/* After fork() the child has a copy of the iterator but none of its worker
+ * threads, and `mu` may have been held by one of them at the fork: the
+ * child never locks, joins or frees anything of a parent's epoch. */
+static int forked(const LoaderIterObject *it)
 {
-    if (it->closed)
+    return getpid() != it->owner_pid;
+}
+
+/* Returns unused outputs, the staging buffers and the events to the pool.
+ * Needs the GIL, the workers joined and no consumer inside next_batch. */
+static void release_ring(LoaderIterObject *it)
+{
+    if (it->released)
         return;
-    it->closed = 1;
-    pthread_mutex_lock(&it->mu);
-    it->stopping = 1;
-    pthread_cond_broadcast(&it->work_cv);
-    pthread_mutex_unlock(&it->mu);
-    Py_BEGIN_ALLOW_THREADS
-    for (int t = 0; t < it->started_threads; t++)
-        pthread_join(it->threads[t], NULL);
-    Py_END_ALLOW_THREADS
-    it->started_threads = 0;
+    it->released = 1;
     int cuda = it->device.type == GA_DEVICE_CUDA;
+    if (forked(it)) {
+        /* The pool came through the fork consistent (alloc.c's fork
+         * handlers) and pageable host blocks are plain memory: give them
+         * back.  Pinned and device memory belong to the parent's CUDA
+         * context, which this process cannot use: left alone. */
+        for (int k = 0; it->slots && k < it->nslots; k++) {
+            for (int i = 0; i < it->nsources; i++) {
+                ga_block *b = it->slots[k].out[i];
+                if (b && b->kind == GA_MEM_HOST) {
+                    ga_block_free(b);
+                    it->slots[k].out[i] = NULL;
+                }
+            }
+        }
+        for (int i = 0; i < it->nsources; i++) {
+            if (it->src[i].is_file && it->src[i].fd >= 0)
+                close(it->src[i].fd); /* this process's copy of the descriptor */
+            it->src[i].fd = -1;
+        }
+        return;
+    }
     for (int k = 0; it->slots && k < it->nslots; k++) {
         loader_slot *slot = &it->slots[k];
         for (int i = 0; i < it->nsources; i++) {
@@ -445,6 +469,42 @@ static void close_iterator(LoaderIterObject *it)
             close(it->src[i].fd);
         it->src[i].fd = -1;
     }
+}
+
+/* Ends the epoch: stops and joins the workers (GIL released while joining),
+ * wakes a consumer waiting in another thread, and releases the ring once
+ * no consumer is inside next_batch (that one releases it on its way out).
+ * Safe to call from any thread, any number of times.  Needs the GIL. */
+static void close_iterator(LoaderIterObject *it)
+{
+    if (!it->closed) {
+        it->closed = 1;
+        if (!forked(it)) {
+            pthread_mutex_lock(&it->mu);
+            it->stopping = 1;
+            pthread_cond_broadcast(&it->work_cv);
+            pthread_cond_broadcast(&it->ready_cv);
+            pthread_cond_broadcast(&it->consumer_cv);
+            pthread_mutex_unlock(&it->mu);
+            int n = it->started_threads;
+            Py_BEGIN_ALLOW_THREADS
+            for (int t = 0; t < n; t++)
+                pthread_join(it->threads[t], NULL);
+            Py_END_ALLOW_THREADS
+        }
+        it->started_threads = 0;
+        it->joined = 1;
+    }
+    if (!it->joined || it->released)
+        return;
+    int busy = 0;
+    if (!forked(it)) {
+        pthread_mutex_lock(&it->mu);
+        busy = it->consumer_busy;
+        pthread_mutex_unlock(&it->mu);
+    }
+    if (!busy)
+        release_ring(it);
 }
 
 /* One copy stream per device for every loader of the process: outputs are
@@ -654,6 +714,8 @@ static PyObject *LoaderIter_new(PyTypeObject *type, PyObject *args, PyObject *kw
     pthread_mutex_init(&it->mu, NULL);
     pthread_cond_init(&it->work_cv, NULL);
     pthread_cond_init(&it->ready_cv, NULL);
+    pthread_cond_init(&it->consumer_cv, NULL);
+    it->owner_pid = getpid();
     for (int i = 0; i < GA_LOADER_MAX_SOURCES; i++)
         it->src[i].fd = -1;
     it->owners = PyList_New(0);
@@ -730,8 +792,54 @@ error:
 
 /* --------------------------------------------------------------- next */
 
-/* Waits (GIL released, waking up for signals) until batch `b` is ready or a
- * worker failed.  Returns -1 with an exception set on Ctrl-C. */
+static void deadline_in(struct timespec *until, long ms)
+{
+    clock_gettime(CLOCK_REALTIME, until);
+    until->tv_nsec += ms * 1000 * 1000;
+    if (until->tv_nsec >= 1000000000L) {
+        until->tv_sec++;
+        until->tv_nsec -= 1000000000L;
+    }
+}
+
+/* One consumer at a time: threads sharing an epoch's iterator take turns,
+ * each batch going to exactly one of them.  Waits with the GIL released,
+ * waking up for signals; -1 with an exception set on Ctrl-C. */
+static int enter_consumer(LoaderIterObject *it)
+{
+    for (;;) {
+        int entered = 0;
+        Py_BEGIN_ALLOW_THREADS
+        pthread_mutex_lock(&it->mu);
+        struct timespec until;
+        deadline_in(&until, 50);
+        int timed_out = 0;
+        while (it->consumer_busy && !timed_out)
+            timed_out = pthread_cond_timedwait(&it->consumer_cv, &it->mu, &until) == ETIMEDOUT;
+        if (!it->consumer_busy)
+            it->consumer_busy = entered = 1;
+        pthread_mutex_unlock(&it->mu);
+        Py_END_ALLOW_THREADS
+        if (entered)
+            return 0;
+        if (PyErr_CheckSignals() < 0)
+            return -1;
+    }
+}
+
+static void leave_consumer(LoaderIterObject *it)
+{
+    pthread_mutex_lock(&it->mu);
+    it->consumer_busy = 0;
+    pthread_cond_signal(&it->consumer_cv);
+    pthread_mutex_unlock(&it->mu);
+    if (it->closed)
+        close_iterator(it); /* releases the ring if it was closed meanwhile */
+}
+
+/* Waits (GIL released, waking up for signals) until batch `b` is ready, a
+ * worker failed or the iterator is closed.  -1 with an exception set on
+ * Ctrl-C. */
 static int wait_for_batch(LoaderIterObject *it, loader_slot *slot, int64_t b)
 {
     for (;;) {
@@ -739,13 +847,8 @@ static int wait_for_batch(LoaderIterObject *it, loader_slot *slot, int64_t b)
         Py_BEGIN_ALLOW_THREADS
         pthread_mutex_lock(&it->mu);
         struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_nsec += 50 * 1000 * 1000;
-        if (until.tv_nsec >= 1000000000L) {
-            until.tv_sec++;
-            until.tv_nsec -= 1000000000L;
-        }
-        while (!(slot->batch == b && slot->ready) && !it->has_error && !done) {
+        deadline_in(&until, 50);
+        while (!(slot->batch == b && slot->ready) && !it->has_error && !it->stopping && !done) {
             if (pthread_cond_timedwait(&it->ready_cv, &it->mu, &until) == ETIMEDOUT)
                 done = -1;
         }
@@ -760,15 +863,9 @@ static int wait_for_batch(LoaderIterObject *it, loader_slot *slot, int64_t b)
     }
 }
 
-static PyObject *LoaderIter_next_batch(LoaderIterObject *it, PyObject *args, PyObject *kwargs)
+/* next_batch for the one consumer inside (consumer_busy set). */
+static PyObject *take_batch(ga_state *st, LoaderIterObject *it, PyObject *stream_obj)
 {
-    static char *kwlist[] = {"stream", NULL};
-    PyObject *stream_obj = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|O:next_batch", kwlist, &stream_obj))
-        return NULL;
-    ga_state *st = ga_state_from_type(Py_TYPE(it));
-    if (!st)
-        return NULL;
     if (it->closed || it->next_out >= it->num_batches) {
         close_iterator(it);
         PyErr_SetNone(PyExc_StopIteration);
@@ -784,6 +881,10 @@ static PyObject *LoaderIter_next_batch(LoaderIterObject *it, PyObject *args, PyO
     if (it->has_error) {
         close_iterator(it);
         return raise_worker_error(st, it);
+    }
+    if (it->closed) { /* by another thread while this one waited */
+        PyErr_SetNone(PyExc_StopIteration);
+        return NULL;
     }
     double waited = now_seconds() - t0;
     int cuda = it->device.type == GA_DEVICE_CUDA;
@@ -834,6 +935,34 @@ error:
     return NULL;
 }
 
+static PyObject *LoaderIter_next_batch(LoaderIterObject *it, PyObject *args, PyObject *kwargs)
+{
+    static char *kwlist[] = {"stream", NULL};
+    PyObject *stream_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "|O:next_batch", kwlist, &stream_obj))
+        return NULL;
+    ga_state *st = ga_state_from_type(Py_TYPE(it));
+    if (!st)
+        return NULL;
+    if (forked(it)) {
+        if (it->closed) {
+            PyErr_SetNone(PyExc_StopIteration);
+            return NULL;
+        }
+        PyErr_Format(PyExc_RuntimeError,
+                     "this PinnedLoader epoch was started in process %ld, before fork(); its "
+                     "worker threads do not exist in this process (%ld): start a new epoch here "
+                     "with iter(loader)",
+                     (long)it->owner_pid, (long)getpid());
+        return NULL;
+    }
+    if (enter_consumer(it) < 0)
+        return NULL;
+    PyObject *result = take_batch(st, it, stream_obj);
+    leave_consumer(it);
+    return result;
+}
+
 static PyObject *LoaderIter_close(LoaderIterObject *it, PyObject *unused)
 {
     (void)unused;
@@ -844,7 +973,9 @@ static PyObject *LoaderIter_close(LoaderIterObject *it, PyObject *unused)
 static PyObject *LoaderIter_stats(LoaderIterObject *it, PyObject *unused)
 {
     (void)unused;
-    pthread_mutex_lock(&it->mu);
+    int locked = !forked(it); /* a parent's worker may have held mu at the fork */
+    if (locked)
+        pthread_mutex_lock(&it->mu);
     double elapsed = now_seconds() - it->started_at;
     PyObject *r = Py_BuildValue(
         "{s:L,s:L,s:L,s:d,s:d,s:d,s:d,s:d,s:i,s:i}", "batches", (long long)it->batches_out,
@@ -853,7 +984,8 @@ static PyObject *LoaderIter_stats(LoaderIterObject *it, PyObject *unused)
         elapsed > 0 ? (double)it->samples_out / elapsed : 0.0, "gather_seconds",
         it->gather_seconds, "copy_seconds", it->copy_seconds, "consumer_wait_seconds",
         it->wait_seconds, "threads", it->nthreads, "ring_slots", it->nslots);
-    pthread_mutex_unlock(&it->mu);
+    if (locked)
+        pthread_mutex_unlock(&it->mu);
     return r;
 }
 
@@ -881,11 +1013,15 @@ static void LoaderIter_dealloc(LoaderIterObject *it)
 {
     PyTypeObject *type = Py_TYPE(it);
     PyObject_GC_UnTrack(it);
-    close_iterator(it);
+    close_iterator(it); /* nobody is inside next_batch: it holds a reference */
+    release_ring(it);
     free(it->slots);
-    pthread_mutex_destroy(&it->mu);
-    pthread_cond_destroy(&it->work_cv);
-    pthread_cond_destroy(&it->ready_cv);
+    if (!forked(it)) {
+        pthread_mutex_destroy(&it->mu);
+        pthread_cond_destroy(&it->work_cv);
+        pthread_cond_destroy(&it->ready_cv);
+        pthread_cond_destroy(&it->consumer_cv);
+    }
     Py_CLEAR(it->owners);
     Py_CLEAR(it->indices_obj);
     type->tp_free(it);

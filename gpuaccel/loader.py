@@ -12,6 +12,7 @@ after the streams that used it are done with it.
 """
 
 import atexit
+import mmap
 import os
 import warnings
 import weakref
@@ -129,6 +130,32 @@ def _memory_source(array, index):
     return ("memory", array)
 
 
+def _memmap_file_source(array, index):
+    """A np.memmap over a shared mapping of a file, rows back to back, is
+    read like a .npy path: with pread() from the file, whose page cache its
+    mapping shares.  Copying out of the mapping itself would kill the
+    process with SIGBUS the moment someone truncates the file; pread() gets
+    a short read that becomes an OSError.  None where that does not apply
+    (copy-on-write mode "c", strided rows, a file gone or replaced)."""
+    mm, filename = getattr(array, "_mmap", None), getattr(array, "filename", None)
+    if (mm is None or filename is None or array.ndim < 1 or getattr(array, "mode", "c") not in ("r", "r+", "w+")
+            or not array.flags.c_contiguous or not array.dtype.isnative or array.dtype.hasobject):
+        return None
+    try:
+        mapped = np.frombuffer(mm, dtype=np.uint8)
+        # numpy maps from `offset` rounded down to the allocation granularity
+        start = array.offset - array.offset % mmap.ALLOCATIONGRANULARITY
+        position = start + (array.ctypes.data - mapped.ctypes.data)
+        size = os.path.getsize(filename)
+    except (ValueError, TypeError, OSError):
+        return None
+    del mapped
+    if not 0 <= position or position + array.nbytes > size or position + array.nbytes > start + len(mm):
+        return None
+    _check_dtype(array.dtype, index)
+    return ("file", os.fspath(filename), position, array.shape[0], array.dtype, tuple(array.shape[1:]))
+
+
 def _describe(arrays):
     if isinstance(arrays, (str, os.PathLike, np.ndarray)) or not hasattr(arrays, "__len__"):
         raise TypeError("arrays must be a sequence (list or tuple) of NumPy arrays, np.memmap or .npy paths, "
@@ -141,8 +168,8 @@ def _describe(arrays):
             spec = _npy_source(a, i)
             length = spec[3]
         elif isinstance(a, np.ndarray):
-            spec = _memory_source(a, i)
-            length = spec[1].shape[0]
+            spec = (_memmap_file_source(a, i) if isinstance(a, np.memmap) else None) or _memory_source(a, i)
+            length = spec[3] if spec[0] == "file" else spec[1].shape[0]
         elif isinstance(a, _C.Array) and a.device == "cpu":
             spec = _memory_source(a.numpy(), i)
             length = spec[1].shape[0]
@@ -190,6 +217,14 @@ class PinnedLoader:
     from (seed, epoch), the same whatever num_threads is.  Under
     torch.distributed each rank gets a disjoint shard of equal length (padded
     like torch's DistributedSampler).
+
+    A np.memmap (modes "r", "r+", "w+") is read from its file with pread(),
+    like a .npy path: a file truncated under a running epoch raises OSError
+    instead of killing the process with SIGBUS.  Threads may share one
+    epoch's iterator (they take turns; each batch goes to exactly one of
+    them), and close() from any thread ends the epoch, waking a waiting
+    next() with StopIteration.  After fork() the child starts epochs of its
+    own; one begun in the parent raises RuntimeError there.
     """
 
     def __init__(self, arrays, batch_size, *, shuffle=False, seed=0, drop_last=False, num_threads=None,

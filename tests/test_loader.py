@@ -176,6 +176,28 @@ def test_npy_paths_and_memmap(rng, tmp_path):
         assert np.array_equal(xb[:, 0, 0, 0], yb % 256)
 
 
+@pytest.mark.parametrize("mode", ["r", "r+", "c"])
+def test_memmap_views_read_the_right_bytes(rng, tmp_path, mode):
+    """Shared-mode memmaps are read from the file (at the view's own offset,
+    whatever the mapping's alignment); copy-on-write ones from memory, where
+    their private changes live."""
+    path = tmp_path / "raw.bin"
+    header = 1234  # not a multiple of the mapping granularity
+    data = rng.integers(-2**40, 2**40, size=(301, 5), dtype=np.int64)
+    path.write_bytes(b"\xab" * header + data.tobytes())
+    mm = np.memmap(path, dtype=np.int64, mode=mode, offset=header, shape=data.shape)
+    if mode != "r":
+        mm[3] = -7  # r+: in the file's shared page cache; c: only in this mapping
+        data[3] = -7
+    for view, ref in ((mm, data), (mm[17:250], data[17:250]), (mm[::3], data[::3]), (mm[:, 1:4], data[:, 1:4])):
+        got = run(ga.PinnedLoader([view], 23, shuffle=True, seed=5, output="gpuaccel"))
+        loader = ga.PinnedLoader([view], 23, shuffle=True, seed=5)
+        order = loader.epoch_indices(0)
+        from_file = mode != "c" and view.flags.c_contiguous
+        assert loader._sources[0][0] == ("file" if from_file else "memory"), (mode, view.shape)
+        np.testing.assert_array_equal(np.concatenate([b[0] for b in got]), ref[order])
+
+
 def test_torch_output(rng):
     torch = pytest.importorskip("torch")
     x, y = dataset(rng, 40)
