@@ -3,6 +3,7 @@
 import ctypes
 import gc
 import sys
+import time
 
 import numpy as np
 
@@ -165,3 +166,126 @@ def capsule_name(capsule):
 
 def refcount(obj):
     return sys.getrefcount(obj)
+
+
+# ---------------------------------------------------------------- leaks
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+        "keepcost")]
+
+
+def _libc():
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallinfo2.restype = _MallInfo2
+        libc.malloc_trim.argtypes = [ctypes.c_size_t]
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+_LIBC = _libc()
+
+
+def heap_in_use():
+    """Bytes the C heap (glibc malloc, every arena, mmapped blocks included)
+    has handed out and not got back; None where mallinfo2 is missing."""
+    if _LIBC is None:
+        return None
+    info = _LIBC.mallinfo2()
+    return info.uordblks + info.hblkhd
+
+
+def rss_bytes():
+    """Resident memory, after giving freed heap pages back to the system;
+    None under a sanitizer build (its allocator quarantines freed memory) or
+    without psutil."""
+    from gpuaccel import _build_config
+
+    if getattr(_build_config, "SANITIZE", False):
+        return None
+    try:
+        import psutil
+    except ImportError:
+        return None
+    if _LIBC is not None:
+        _LIBC.malloc_trim(0)
+    return psutil.Process().memory_info().rss
+
+
+def _pool_bytes():
+    return gpuaccel.memory_stats("cpu")["allocated_bytes"]
+
+
+def _leak_snapshot(watch):
+    gc.collect()
+    gc.collect()
+    return {
+        "totalrefcount": sys.gettotalrefcount() if hasattr(sys, "gettotalrefcount") else None,
+        "gc_objects": len(gc.get_objects()),
+        "watched_refcounts": [sys.getrefcount(o) for o in watch],
+        "pool_bytes": _pool_bytes(),
+        "heap_bytes": heap_in_use(),
+        "rss": rss_bytes(),
+    }
+
+
+def assert_no_leak(fn, iterations=1000, warmup=100, *, watch=(), object_slack=64, refcount_slack=200,
+                   heap_slack=256 << 10, rss_slack=4 << 20, pool=True, label=None):
+    """Runs fn() `warmup` times, then `iterations` times, and asserts that the
+    second run left nothing behind: no growth of the interpreter's total
+    reference count (debug builds only), of the number of gc-tracked objects
+    beyond `object_slack`, of the reference count of each object in `watch`
+    (exactly), of gpuaccel's CPU pool (allocated bytes, exactly, with
+    pool=True), of the C heap in use beyond `heap_slack` (glibc only) or of
+    the resident set beyond `rss_slack` (psutil only).
+
+    Returns the growth figures, for a report."""
+    watch = tuple(watch)
+    for _ in range(warmup):
+        fn()
+    before = _leak_snapshot(watch)
+    for _ in range(iterations):
+        fn()
+    after = _leak_snapshot(watch)
+    name = label or getattr(fn, "__name__", repr(fn))
+    growth = {}
+    for key in ("totalrefcount", "gc_objects", "pool_bytes", "heap_bytes", "rss"):
+        if before[key] is not None and after[key] is not None:
+            growth[key] = after[key] - before[key]
+    problems = []
+    if "totalrefcount" in growth and growth["totalrefcount"] > refcount_slack:
+        problems.append("total refcount grew by %d" % growth["totalrefcount"])
+    if growth["gc_objects"] > object_slack:
+        counts = {}
+        for o in gc.get_objects():
+            counts[type(o).__name__] = counts.get(type(o).__name__, 0) + 1
+        problems.append("gc-tracked objects grew by %d (most common now: %s)" % (
+            growth["gc_objects"], sorted(counts.items(), key=lambda kv: -kv[1])[:5]))
+    for i, (b, a) in enumerate(zip(before["watched_refcounts"], after["watched_refcounts"])):
+        if a != b:
+            problems.append("refcount of watched object %d (%s) went from %d to %d"
+                            % (i, type(watch[i]).__name__, b, a))
+    if pool and growth["pool_bytes"] != 0:
+        problems.append("gpuaccel's CPU pool holds %d more bytes" % growth["pool_bytes"])
+    if "heap_bytes" in growth and growth["heap_bytes"] > heap_slack:
+        problems.append("C heap in use grew by %d bytes (%.1f per call)"
+                        % (growth["heap_bytes"], growth["heap_bytes"] / max(iterations, 1)))
+    if "rss" in growth and growth["rss"] > rss_slack:
+        problems.append("RSS grew by %d bytes" % growth["rss"])
+    assert not problems, "%s leaked over %d calls: %s" % (name, iterations, "; ".join(problems))
+    return growth
+
+
+def settle(condition, timeout=5.0):
+    """True once condition() holds, False after `timeout` seconds (a joined
+    thread's OS thread, or a closed descriptor, may take a moment to be gone
+    from /proc)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True

@@ -7,7 +7,7 @@ import gc
 
 import numpy as np
 import pytest
-from helpers import ALL_DTYPES, SyntheticTensor, capsule_name, numpy_dtype, random_values
+from helpers import ALL_DTYPES, SyntheticTensor, capsule_name, random_values
 
 import gpuaccel as ga
 

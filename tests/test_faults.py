@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 import pytest
+from helpers import settle
 
 import gpuaccel as ga
 
@@ -43,15 +44,6 @@ def native_threads():
 
 def open_fds():
     return len(os.listdir("/proc/self/fd"))
-
-
-def settle(condition, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 # -------------------------------------------------------- subprocesses
@@ -315,7 +307,7 @@ def test_out_of_memory_in_a_loader_worker(no_limit, at_batch):
             del xb, yb
     ga.set_memory_limit(None, device="cpu")
     assert list(it) == []  # closed
-    assert settle(lambda: native_threads() == threads), "loader workers left running"
+    assert settle(lambda: native_threads() <= threads), "loader workers left running"
     assert open_fds() == fds
     assert allocated() == base
     for k, labels in enumerate(got):
@@ -443,7 +435,7 @@ def test_source_replaced_by_a_directory_between_epochs(tmp_path):
     assert info.value.errno in (21, None) and "x.npy" in str(info.value), info.value
     os.rmdir(path)
     os.rename(path + ".bak", path)
-    assert settle(lambda: native_threads() == threads) and open_fds() == fds
+    assert settle(lambda: native_threads() <= threads) and open_fds() == fds
     _check_epoch(_epoch(loader), x)
     FAULTS["replaced_by_directory"] = 1
 

@@ -1412,7 +1412,7 @@ def _pair(v):
 
 
 def conv_out_size(c):
-    (N, C, H, W), (K, _, R, S) = c["x_shape"], c["w_shape"]
+    (_, _, H, W), (_, _, R, S) = c["x_shape"], c["w_shape"]
     out = []
     for n, k, s, p, d in zip((H, W), (R, S), _pair(c["stride"]), _pair(c["padding"]),
                              _pair(c["dilation"])):

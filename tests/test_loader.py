@@ -83,7 +83,7 @@ def test_epochs_differ_and_set_epoch_repeats(rng):
 
 @pytest.mark.parametrize("n,world,drop_last", [(103, 4, False), (103, 4, True), (12, 3, False), (5, 8, False)])
 def test_shards_are_disjoint_equal_and_match_distributed_sampler(rng, n, world, drop_last):
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     from torch.utils.data.distributed import DistributedSampler
 
     x, y = dataset(rng, n)

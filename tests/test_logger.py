@@ -2,7 +2,6 @@
 distributed mean over two gloo processes; GPU values: test_cuda_logger.py."""
 
 import math
-import os
 import socket
 import subprocess
 import sys
