@@ -31,15 +31,20 @@ MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 def make_dataset(folder, n, side):
     path = os.path.join(folder, "images_%d_%d.npy" % (n, side))
     labels = os.path.join(folder, "labels_%d.npy" % n)
-    if not os.path.exists(path):
+    if not (os.path.exists(path) and os.path.exists(labels)):
+        os.makedirs(folder, exist_ok=True)
         rng = np.random.default_rng(0)
-        mm = np.lib.format.open_memmap(path, mode="w+", dtype=np.uint8, shape=(n, side, side, 3))
+        # written under another name and renamed: a run cut off halfway
+        # leaves no file that a later run would take for the dataset
+        partial = path + ".%d.partial" % os.getpid()
+        mm = np.lib.format.open_memmap(partial, mode="w+", dtype=np.uint8, shape=(n, side, side, 3))
         for start in range(0, n, 1024):
             stop = min(n, start + 1024)
             mm[start:stop] = rng.integers(0, 256, size=(stop - start, side, side, 3), dtype=np.uint8)
         mm.flush()
         del mm
         np.save(labels, np.arange(n, dtype=np.int64) % 1000)
+        os.replace(partial, path)
     return path, labels
 
 
