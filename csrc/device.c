@@ -331,19 +331,22 @@ PyType_Spec ga_device_spec = {
 
 /* ------------------------------------------------------------- Stream */
 
-static PyObject *stream_new(PyTypeObject *type, ga_stream handle, int device, int owned)
+/* On failure the handle stays the caller's to release. */
+static PyObject *stream_new(PyTypeObject *type, ga_stream handle, int device, int owned,
+                            int priority)
 {
     StreamObject *self = (StreamObject *)type->tp_alloc(type, 0);
     if (!self)
         return NULL;
     self->handle = handle;
     self->device = device;
-    self->owned = owned;
     self->tokens = PyList_New(0);
     if (!self->tokens) {
         Py_DECREF(self);
         return NULL;
     }
+    self->owned = owned;
+    self->priority = priority;
     return (PyObject *)self;
 }
 
@@ -382,14 +385,14 @@ static PyObject *Stream_new(PyTypeObject *type, PyObject *args, PyObject *kwargs
     if (!st || default_cuda_device(st, device_obj, &device, "Stream") < 0)
         return NULL;
     ga_stream handle;
-    ga_status status = ga_cuda_stream_create(device, priority, &handle);
+    ga_status status = ga_cuda_stream_acquire(device, priority, &handle);
     if (status.error) {
         ga_raise(st, status);
         return NULL;
     }
-    PyObject *self = stream_new(type, handle, device, 1);
+    PyObject *self = stream_new(type, handle, device, 1, priority);
     if (!self)
-        ga_cuda_stream_destroy(device, handle);
+        ga_cuda_stream_release(device, priority, handle);
     return self;
 }
 
@@ -434,7 +437,7 @@ static PyObject *Stream_from_handle(PyTypeObject *type, PyObject *args, PyObject
     } else if (default_cuda_device(st, device_obj, &device, "Stream.from_handle") < 0) {
         return NULL;
     }
-    return stream_new(type, handle, device, 0);
+    return stream_new(type, handle, device, 0, 0);
 }
 
 static int Stream_traverse(StreamObject *self, visitproc visit, void *arg)
@@ -455,8 +458,8 @@ static void Stream_dealloc(StreamObject *self)
     PyTypeObject *type = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
     Stream_clear(self);
-    if (self->owned)
-        ga_cuda_stream_destroy(self->device, self->handle); /* work already queued still runs */
+    if (self->owned) /* to the pool: arrays may still be freed on it */
+        ga_cuda_stream_release(self->device, self->priority, self->handle);
     type->tp_free(self);
     Py_DECREF(type);
 }
@@ -1025,7 +1028,7 @@ PyObject *ga_py_current_stream(PyObject *module, PyObject *args, PyObject *kwarg
     if (value && ((StreamObject *)value)->device == device)
         return value;
     Py_XDECREF(value);
-    return stream_new(st->StreamType, (ga_stream)0, device, 0);
+    return stream_new(st->StreamType, (ga_stream)0, device, 0, 0);
 }
 
 PyObject *ga_py_synchronize(PyObject *module, PyObject *args, PyObject *kwargs)

@@ -28,7 +28,8 @@ typedef struct {
     PyObject_HEAD
     ga_stream handle; /* as given; 0 and 1 both mean the legacy default stream */
     int device;
-    int owned;        /* created by us: destroyed with the object */
+    int owned;        /* ours: back to the stream pool with the object */
+    int priority;     /* as asked for, when owned */
     PyObject *tokens; /* contextvar tokens of nested `with` blocks */
 } StreamObject;
 

@@ -517,7 +517,7 @@ static ga_status loader_copy_stream(int device, ga_stream *out)
     ga_status status = ga_ok();
     pthread_mutex_lock(&mu);
     if (!streams[device])
-        status = ga_cuda_stream_create(device, 0, &streams[device]);
+        status = ga_cuda_stream_acquire(device, 0, &streams[device]);
     *out = streams[device];
     pthread_mutex_unlock(&mu);
     return status;

@@ -190,8 +190,11 @@ ga_status ga_cuda_device_synchronize(int device);
  * call (empty when not known). */
 void ga_cuda_library_paths(const char **cublaslt, const char **cudnn);
 
-ga_status ga_cuda_stream_create(int device, int priority, ga_stream *out);
-ga_status ga_cuda_stream_destroy(int device, ga_stream stream);
+/* A non-blocking stream of this priority: a released one when there is one,
+ * else a new one.  Streams are released, never destroyed (blocks refer to
+ * the stream they were allocated on after its owner is gone). */
+ga_status ga_cuda_stream_acquire(int device, int priority, ga_stream *out);
+void ga_cuda_stream_release(int device, int priority, ga_stream stream);
 ga_status ga_cuda_stream_synchronize(int device, ga_stream stream);
 ga_status ga_cuda_stream_query(int device, ga_stream stream, int *done);
 ga_status ga_cuda_stream_device(ga_stream stream, int *device);

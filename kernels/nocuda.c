@@ -53,14 +53,14 @@ ga_status ga_cuda_mem_info(int device, uint64_t *free_bytes, uint64_t *total_byt
 
 ga_status ga_cuda_device_synchronize(int device) { (void)device; return GA_NO_CUDA; }
 
-ga_status ga_cuda_stream_create(int device, int priority, ga_stream *out)
+ga_status ga_cuda_stream_acquire(int device, int priority, ga_stream *out)
 {
     (void)device, (void)priority;
     *out = NULL;
     return GA_NO_CUDA;
 }
 
-ga_status ga_cuda_stream_destroy(int device, ga_stream s) { (void)device, (void)s; return GA_NO_CUDA; }
+void ga_cuda_stream_release(int device, int priority, ga_stream s) { (void)device, (void)priority, (void)s; }
 ga_status ga_cuda_stream_synchronize(int device, ga_stream s) { (void)device, (void)s; return GA_NO_CUDA; }
 
 ga_status ga_cuda_stream_query(int device, ga_stream s, int *done)

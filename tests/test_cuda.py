@@ -308,6 +308,27 @@ def test_freeing_waits_for_other_streams_on_the_gpu():
         del b
 
 
+def test_arrays_outlive_the_stream_they_were_made_on(rng):
+    # an array allocated under a Stream that is then dropped is freed in that
+    # stream's order later: the handle must still be a valid stream then
+    values = rng.standard_normal((513, 7)).astype(np.float32)
+    before = ga.memory_stats("cuda")["allocated_bytes"]
+    kept, handles = [], set()
+    for k in range(20):
+        s = ga.Stream(priority=-1 if k % 2 else 0)
+        handles.add(s.handle)
+        with s:
+            kept.append(ga.asarray(values, device="cuda").astype("float64"))
+        del s
+    # released streams are handed out again, not destroyed and re-created
+    assert len(handles) <= 2
+    for a in kept:
+        np.testing.assert_array_equal(a.numpy(), values.astype(np.float64))
+    kept.clear()  # each freed on its dropped stream
+    ga.synchronize()
+    assert ga.memory_stats("cuda")["allocated_bytes"] == before
+
+
 def test_device_properties_and_build_for_this_gpu():
     p = ga.device_properties()
     assert p["multiprocessors"] > 0 and p["total_memory"] > 0

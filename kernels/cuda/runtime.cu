@@ -6,6 +6,7 @@
  */
 #include <dlfcn.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cublasLt.h>
@@ -112,8 +113,35 @@ extern "C" ga_status ga_cuda_device_synchronize(int device)
 
 /* ------------------------------------------------------------- streams */
 
-extern "C" ga_status ga_cuda_stream_create(int device, int priority, ga_stream *out)
+/* Streams gpuaccel creates are never destroyed: a memory block remembers the
+ * stream it was allocated on and is freed (cudaFreeAsync) or waited on there
+ * long after the Stream object that made it is gone, and a destroyed handle
+ * would be an invalid one, or worse, the handle of a newer stream.  Released
+ * streams go back to a per-device free list and are handed out again (as
+ * torch's stream pool does); work a reused stream inherits only orders
+ * later work after it. */
+namespace {
+struct pooled_stream {
+    cudaStream_t stream;
+    int priority;
+};
+std::mutex stream_pool_lock;
+pooled_stream *stream_pool[GA_MAX_DEVICES];
+int stream_pool_count[GA_MAX_DEVICES], stream_pool_capacity[GA_MAX_DEVICES];
+} // namespace
+
+extern "C" ga_status ga_cuda_stream_acquire(int device, int priority, ga_stream *out)
 {
+    if (device >= 0 && device < GA_MAX_DEVICES) {
+        std::lock_guard<std::mutex> hold(stream_pool_lock);
+        for (int k = stream_pool_count[device] - 1; k >= 0; k--) {
+            if (stream_pool[device][k].priority == priority) {
+                *out = (ga_stream)stream_pool[device][k].stream;
+                stream_pool[device][k] = stream_pool[device][--stream_pool_count[device]];
+                return ga_ok();
+            }
+        }
+    }
     GA_WITH_DEVICE(device);
     cudaStream_t s;
     GA_CUDA_TRY(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, priority));
@@ -121,11 +149,22 @@ extern "C" ga_status ga_cuda_stream_create(int device, int priority, ga_stream *
     return ga_ok();
 }
 
-extern "C" ga_status ga_cuda_stream_destroy(int device, ga_stream stream)
+extern "C" void ga_cuda_stream_release(int device, int priority, ga_stream stream)
 {
-    GA_WITH_DEVICE(device);
-    GA_CUDA_TRY(cudaStreamDestroy(ga_cu_stream(stream)));
-    return ga_ok();
+    if (!stream || device < 0 || device >= GA_MAX_DEVICES)
+        return;
+    std::lock_guard<std::mutex> hold(stream_pool_lock);
+    int n = stream_pool_count[device];
+    if (n == stream_pool_capacity[device]) {
+        int capacity = n ? 2 * n : 8;
+        void *grown = realloc(stream_pool[device], capacity * sizeof(pooled_stream));
+        if (!grown)
+            return; /* kept out of the pool: it stays valid, just not reused */
+        stream_pool[device] = (pooled_stream *)grown;
+        stream_pool_capacity[device] = capacity;
+    }
+    stream_pool[device][n] = pooled_stream{ga_cu_stream(stream), priority};
+    stream_pool_count[device] = n + 1;
 }
 
 extern "C" ga_status ga_cuda_stream_synchronize(int device, ga_stream stream)
