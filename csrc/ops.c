@@ -9,6 +9,7 @@
 #include "npy.h"
 
 #include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -120,6 +121,7 @@ PyObject *ga_py_conv_stats(PyObject *module, PyObject *unused)
 typedef struct {
     int device;
     ga_stream stream;
+    pthread_t thread; /* for the per-thread default stream: one per thread */
     ga_block *block;
 } workspace_entry;
 
@@ -128,9 +130,14 @@ static int nworkspaces;
 
 static void *workspace_for(ga_state *st, int device, ga_stream stream, size_t size)
 {
+    /* a workspace is reused in its stream's order only; handle 2 is a
+     * different stream in each thread */
+    int per_thread = stream == GA_STREAM_PER_THREAD;
+    pthread_t self = pthread_self();
     workspace_entry *w = NULL;
     for (int k = 0; k < nworkspaces && !w; k++)
-        if (workspaces[k].device == device && workspaces[k].stream == stream)
+        if (workspaces[k].device == device && workspaces[k].stream == stream &&
+            (!per_thread || pthread_equal(workspaces[k].thread, self)))
             w = &workspaces[k];
     if (!w) {
         if (nworkspaces == GA_MAX_WORKSPACES) {
@@ -142,6 +149,7 @@ static void *workspace_for(ga_state *st, int device, ga_stream stream, size_t si
         w = &workspaces[nworkspaces++];
         w->device = device;
         w->stream = stream;
+        w->thread = self;
         w->block = NULL;
     }
     if (!w->block || w->block->size < size) {
@@ -515,7 +523,10 @@ PyObject *ga_py_matmul(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     }
     if (dense_bias(st, &bias) < 0)
         goto done;
-    if (bias && (bias->dtype != a->dtype && bias->dtype != out_dtype)) {
+    /* cuBLASLt's fused bias has D's dtype (a float16/bfloat16 bias with a
+     * float32 result would not fuse): widened, exactly, on the GPU */
+    if (bias && bias->dtype != out_dtype &&
+        (bias->dtype != a->dtype || a->device.type == GA_DEVICE_CUDA)) {
         ArrayObject *cast = ga_array_copy_to(st, bias, bias->device, out_dtype, 0, NULL);
         if (!cast)
             goto done;
@@ -1171,13 +1182,23 @@ static int run_cuda_conv(ga_state *st, int device, ga_stream s, const char *key,
     if (!preferred)
         return -1;
     tuning.preferred = preferred != Py_None ? PyUnicode_AsUTF8(preferred) : NULL;
+    if (!tuning.preferred)
+        PyErr_Clear(); /* a stored name that is not text: no preference */
     size_t ws_size = conv_workspace_size();
     void *ws = workspace_for(st, device, s, ws_size);
-    ga_status status = ws ? fn(ctx, ws, ws_size, s, &tuning) : ga_ok();
+    if (!ws) {
+        /* short of memory for the workspace: engines that need none, or
+         * the direct kernels, still run */
+        if (!PyErr_ExceptionMatches(st->OutOfMemoryError)) {
+            Py_DECREF(preferred);
+            return -1;
+        }
+        PyErr_Clear();
+        ws_size = 0;
+    }
+    ga_status status = fn(ctx, ws, ws_size, s, &tuning);
     int reused = tuning.preferred && !tuning.report.tuned && !tuning.report.cache_hit;
     Py_DECREF(preferred);
-    if (!ws)
-        return -1;
     if (status.error)
         return ga_raise(st, status);
     count_call(&conv_counts, 1, &tuning.report);

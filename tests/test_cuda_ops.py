@@ -85,7 +85,7 @@ def test_misaligned_bias_falls_back_and_is_counted(rng):
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("activation", [None, "relu", "gelu"])
-@pytest.mark.parametrize("shape", [(5, 33), (2, 3, 129)])
+@pytest.mark.parametrize("shape", [(5, 33), (2, 3, 129), (6, 0)])  # in_features 0: grad_bias still sums
 def test_linear_forward_and_backward_match_cpu(rng, dtype, activation, shape):
     out_features = 47
     x, xg = pair(rng, shape, dtype)

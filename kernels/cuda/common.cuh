@@ -69,7 +69,10 @@ static inline ga_status ga_cudnn_error(cudnnStatus_t status, const char *call, c
     detail[0] = '\0';
     cudnnGetLastErrorString(detail, sizeof detail);
     const char *message = detail[0] ? detail : cudnnGetErrorString(status);
-    ga_error kind = status == CUDNN_STATUS_ALLOC_FAILED ? GA_ERR_OUT_OF_MEMORY : GA_ERR_CUDNN;
+    ga_error kind = status == CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED ||
+                            status == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED
+                        ? GA_ERR_OUT_OF_MEMORY
+                        : GA_ERR_CUDNN;
     return ga_status_make(kind, (int)status, cudnnGetErrorString(status), message, call, file,
                           line);
 }

@@ -694,9 +694,10 @@ struct ExecPlan {
 };
 
 /* Whether the engine's numerical notes fit the request: no
- * nondeterministic engine when deterministic results are asked for, and for
- * float32 without allow_tf32 no engine that uses tensor cores or converts
- * its inputs down (TF32) — the rule PyTorch applies. */
+ * nondeterministic engine when deterministic results are asked for, no
+ * engine that converts its inputs down (bf16 squeezed into fp16's range,
+ * say) for any dtype, and for float32 without allow_tf32 no engine that
+ * uses tensor cores — the rules PyTorch applies. */
 ga_status engine_allowed(cudnnBackendDescriptor_t engine, const Problem &p, bool *allowed)
 {
     cudnnBackendNumericalNote_t notes[kMaxNotes];
@@ -708,8 +709,9 @@ ga_status engine_allowed(cudnnBackendDescriptor_t engine, const Problem &p, bool
     for (int64_t i = 0; i < std::min<int64_t>(n, kMaxNotes); i++) {
         if (p.geom.deterministic && notes[i] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC)
             *allowed = false;
-        if (strict_fp32 && (notes[i] == CUDNN_NUMERICAL_NOTE_TENSOR_CORE ||
-                            notes[i] == CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS))
+        if (notes[i] == CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS)
+            *allowed = false;
+        if (strict_fp32 && notes[i] == CUDNN_NUMERICAL_NOTE_TENSOR_CORE)
             *allowed = false;
     }
     return ga_ok();

@@ -32,6 +32,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <atomic>
 #include <mutex>
 #include <string>
 
@@ -165,6 +166,21 @@ ga_tensor as_tensor(const ga_matrix &m, int64_t batch)
     return t;
 }
 
+/* a_row_sums[i] = sum over k of A[i, k] (batch 1): it does not depend on B
+ * or D, so it is computed even when D is empty. */
+ga_status row_sums_of_a(int device, const ga_matmul_desc *desc, ga_stream stream)
+{
+    ga_act_backward_desc rs;
+    memset(&rs, 0, sizeof rs);
+    rs.grad_y = as_tensor(desc->a, 1);
+    rs.activation = GA_ACT_NONE;
+    rs.dz.dtype = desc->a.dtype;
+    rs.bias_grad = desc->a_row_sums;
+    rs.bias_grad_dtype = desc->a_row_sums_dtype;
+    rs.channel_dim = 1;
+    return ga_cuda_activation_backward(device, &rs, stream);
+}
+
 /* Everything the descriptor asks of the epilogue, applied to D in place
  * after a plain GEMM (paths 2 and 3). */
 ga_status run_epilogue(int device, const ga_matmul_desc *desc, ga_stream stream)
@@ -199,17 +215,8 @@ ga_status run_epilogue(int device, const ga_matmul_desc *desc, ga_stream stream)
         fw.activation = desc->activation;
         GA_TRY_STATUS(ga_cuda_bias_activation(device, &fw, stream));
     }
-    if (desc->a_row_sums) {
-        ga_act_backward_desc rs;
-        memset(&rs, 0, sizeof rs);
-        rs.grad_y = as_tensor(desc->a, 1);
-        rs.activation = GA_ACT_NONE;
-        rs.dz.dtype = desc->a.dtype;
-        rs.bias_grad = desc->a_row_sums;
-        rs.bias_grad_dtype = desc->a_row_sums_dtype;
-        rs.channel_dim = 1;
-        GA_TRY_STATUS(ga_cuda_activation_backward(device, &rs, stream));
-    }
+    if (desc->a_row_sums)
+        GA_TRY_STATUS(row_sums_of_a(device, desc, stream));
     return ga_ok();
 }
 
@@ -301,6 +308,10 @@ bool fused_epilogue(const ga_matmul_desc *desc, cublasLtEpilogue_t *out)
     if (desc->dact == GA_ACT_GELU) {
         if (desc->dact_aux.dtype != desc->d.dtype)
             return false;
+        /* cuBLASLt's bias gradient is per batch (BIAS_BATCH_STRIDE), col_sums
+         * sums over the batch too: fused only for one */
+        if (desc->col_sums && desc->batch != 1)
+            return false;
         *out = desc->col_sums ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
         return true;
     }
@@ -365,7 +376,7 @@ void layout_destroy(cublasLtMatrixLayout_t l)
 /* A cached plan: the four layouts and the algorithm, or usable == false
  * when cuBLASLt found none (then the fallback runs without asking again). */
 struct LtPlan {
-    bool usable = false;
+    std::atomic<bool> usable{false}; /* cleared by any thread that finds it unsupported */
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
     cublasLtMatmulAlgo_t algo;
     ~LtPlan()
@@ -655,6 +666,8 @@ ga_status validate(const ga_matmul_desc *d)
     }
     if (d->col_sums && !valid_float(d->col_sums_dtype))
         return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: col_sums must have a float dtype");
+    if (d->col_sums && (d->bias || d->activation != GA_ACT_NONE || d->preact.data))
+        return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: col_sums excludes a forward epilogue");
     if (d->a_row_sums) {
         if (d->batch != 1 || d->bias || d->activation != GA_ACT_NONE || d->preact.data ||
             d->dact != GA_ACT_NONE || d->col_sums)
@@ -705,6 +718,8 @@ extern "C" ga_status ga_cuda_matmul(int device, const ga_matmul_desc *desc, void
             *report = rep;
         if (desc->a_row_sums && A.rows > 0) {
             GA_WITH_DEVICE(device);
+            if (A.cols > 0) /* N == 0: the sums over A's rows are still due */
+                return row_sums_of_a(device, desc, stream);
             return zero_vector(device, desc->a_row_sums, desc->a_row_sums_dtype, A.rows,
                                ga_cu_stream(stream));
         }
