@@ -4,9 +4,12 @@ processes): a small JSON file under $GPUACCEL_CACHE_DIR (default
 
 csrc/ops.c looks a choice up before each cuDNN call and stores the one a
 tuning call picked.  A corrupt or unreadable file is ignored with a warning
-and rewritten.
+and rewritten.  Processes that tune at once (the ranks of a DDP job) merge
+their entries: each write re-reads the file under a lock file, adds its own
+entries, and replaces the file atomically.
 """
 
+import fcntl
 import json
 import os
 import tempfile
@@ -35,21 +38,27 @@ def _prefix(device):
     return _prefixes[device]
 
 
+def _read(file):
+    """The entries in `file` ({} when there is none); raises OSError or
+    ValueError for an unreadable or corrupt one."""
+    if not os.path.exists(file):
+        return {}
+    with open(file) as f:
+        data = json.load(f)
+    if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
+        raise ValueError("not a mapping of strings")
+    return data
+
+
 def _table(file):
     table = _loaded.get(file)
     if table is None:
-        table = {}
-        if os.path.exists(file):
-            try:
-                with open(file) as f:
-                    data = json.load(f)
-                if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
-                    raise ValueError("not a mapping of strings")
-                table = data
-            except (OSError, ValueError) as e:
-                warnings.warn("gpuaccel: ignoring the conv tuning cache %s (%s); it will be rewritten"
-                              % (file, e), RuntimeWarning, stacklevel=3)
-        _loaded[file] = table
+        table = _loaded[file] = {}  # before warning: -W error must not repeat it every call
+        try:
+            table.update(_read(file))
+        except (OSError, ValueError) as e:
+            warnings.warn("gpuaccel: ignoring the conv tuning cache %s (%s); it will be rewritten"
+                          % (file, e), RuntimeWarning, stacklevel=3)
     return table
 
 
@@ -60,20 +69,37 @@ def lookup(device, key):
 
 
 def store(device, key, choice):
-    """Remembers a tuned choice, rewriting the file atomically."""
+    """Remembers a tuned choice, merging it into the file atomically."""
     file = path()
     with _lock:
         table = _table(file)
         table[_prefix(device) + "|" + key] = choice
+        folder = os.path.dirname(file)
+        tmp = None
         try:
-            os.makedirs(os.path.dirname(file), exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(file), prefix=".conv_tuning.")
-            with os.fdopen(fd, "w") as f:
-                json.dump(table, f, indent=0, sort_keys=True)
-            os.replace(tmp, file)
+            os.makedirs(folder, exist_ok=True)
+            with open(file + ".lock", "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # released when closed
+                try:
+                    merged = _read(file)  # what other processes stored meanwhile
+                except (OSError, ValueError):
+                    merged = {}  # corrupt: rewritten with what this process has
+                merged.update(table)
+                table.update(merged)
+                fd, tmp = tempfile.mkstemp(dir=folder, prefix=".conv_tuning.")
+                with os.fdopen(fd, "w") as f:
+                    json.dump(merged, f, indent=0, sort_keys=True)
+                os.replace(tmp, file)
+                tmp = None
         except OSError as e:
             warnings.warn("gpuaccel: could not write the conv tuning cache %s: %s" % (file, e),
                           RuntimeWarning, stacklevel=3)
+        finally:
+            if tmp is not None:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
 
 
 def forget():

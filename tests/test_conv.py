@@ -2,6 +2,8 @@
 convolution; and the persisted tuning file."""
 
 import json
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -184,6 +186,40 @@ def test_tuning_choices_are_written_and_read_back(tuning, tmp_path):
     assert tuning.lookup(0, "conv2d|shape-a") == "eng7:k2=1"  # a new process reads the file
     tuning._prefixes[1] = "Other GPU|cudnn91900"
     assert tuning.lookup(1, "conv2d|shape-a") is None  # keyed by GPU (and cuDNN version)
+
+
+def test_tuning_store_merges_what_other_processes_wrote(tuning, tmp_path):
+    file = tmp_path / "conv_tuning.json"
+    assert tuning.lookup(0, "mine") is None  # this process has read the (absent) file
+    # another rank tunes other shapes meanwhile, in another process
+    other = {"Test GPU|cudnn91900|theirs-%d" % i: "eng%d:" % i for i in range(3)}
+    script = "import json, sys; json.dump(json.loads(sys.argv[2]), open(sys.argv[1], 'w'))"
+    subprocess.run([sys.executable, "-c", script, str(file), json.dumps(other)], check=True)
+    tuning.store(0, "mine", "eng9:")
+    data = json.loads(file.read_text())
+    assert data == dict(other, **{"Test GPU|cudnn91900|mine": "eng9:"})
+    assert tuning.lookup(0, "theirs-1") == "eng1:"  # and this process now knows them
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["conv_tuning.json", "conv_tuning.json.lock"]
+
+
+def test_failed_tuning_write_warns_and_leaves_no_temporary_file(tuning, tmp_path, monkeypatch):
+    def broken_replace(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(tuning.os, "replace", broken_replace)
+    with pytest.warns(RuntimeWarning, match="could not write the conv tuning cache.*No space left"):
+        tuning.store(0, "k", "eng1:")
+    assert [p.name for p in tmp_path.iterdir()] == ["conv_tuning.json.lock"]
+    assert tuning.lookup(0, "k") == "eng1:"  # still used in this process
+
+
+def test_corrupt_tuning_file_warns_once_even_as_an_error(tuning, tmp_path):
+    (tmp_path / "conv_tuning.json").write_text("{not json")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(RuntimeWarning, match="ignoring the conv tuning cache"):
+            tuning.lookup(0, "k")
+        assert tuning.lookup(0, "k") is None  # not raised again on every conv call
 
 
 def test_corrupt_tuning_file_is_ignored_with_a_warning(tuning, tmp_path):
