@@ -337,6 +337,13 @@ static void *worker_main(void *arg)
 {
     LoaderIterObject *it = (LoaderIterObject *)arg;
     char *scratch = NULL;
+    if (it->device.type == GA_DEVICE_CUDA) {
+        ga_status status = ga_cuda_thread_init(it->device.index);
+        if (status.error) {
+            fail(it, status, 0, NULL);
+            return NULL;
+        }
+    }
     if (it->has_transform && it->device.type == GA_DEVICE_CPU) {
         scratch = malloc((size_t)(chunk_rows(it) * it->src[0].row_bytes));
         if (!scratch) {

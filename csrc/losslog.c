@@ -664,6 +664,29 @@ error:
     return -1;
 }
 
+/* The update kernel on stream s: eagerly, it waits for the gpuaccel Arrays
+ * it reads (made on other streams), and they and the logger's state are
+ * not freed or reused before it ran.  Not while capturing: an event
+ * recorded in a capture cannot be waited on outside it (the graph's
+ * inputs must outlive its replays anyway). */
+static int update_on_device(ga_state *st, LoggerObject *lg, const ga_logger_update *u,
+                            ga_stream s, int capturing, ArrayObject *const *arrays,
+                            int narrays)
+{
+    for (int k = 0; k < narrays && !capturing; k++)
+        if (ga_array_prepare_stream(st, arrays[k], s) < 0)
+            return -1;
+    GA_CHECK(st, ga_cuda_logger_update(lg->device, u, s));
+    if (capturing)
+        return 0;
+    for (int k = 0; k < narrays; k++)
+        if (ga_array_record_stream(st, arrays[k], s) < 0)
+            return -1;
+    return ga_block_record_use(st, lg->device_state, lg->device, s);
+error:
+    return -1;
+}
+
 static PyObject *Logger_log(LoggerObject *lg, PyObject *const *args, Py_ssize_t nargs,
                             PyObject *kwnames)
 {
@@ -685,8 +708,6 @@ static PyObject *Logger_log(LoggerObject *lg, PyObject *const *args, Py_ssize_t 
         Py_DECREF(error);
         return NULL;
     }
-    if (lg->npending && deliver(st, lg, 0) < 0)
-        return NULL;
     Py_ssize_t n = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
     if (n > GA_LOGGER_MAX_PER_CALL) {
         PyErr_Format(PyExc_ValueError, "LossLogger.log: at most %d metrics per call",
@@ -697,6 +718,8 @@ static PyObject *Logger_log(LoggerObject *lg, PyObject *const *args, Py_ssize_t 
     double host_values[GA_LOGGER_MAX_PER_CALL];
     int cuda_device = -1;
     PyObject *cuda_name = NULL;
+    ArrayObject *cuda_arrays[GA_LOGGER_MAX_PER_CALL]; /* gpuaccel Arrays the update reads */
+    int narrays = 0;
     for (Py_ssize_t k = 0; k < n; k++) {
         PyObject *name = PyTuple_GET_ITEM(kwnames, k), *value = args[k];
         int is_cuda, device = -1;
@@ -728,6 +751,8 @@ static PyObject *Logger_log(LoggerObject *lg, PyObject *const *args, Py_ssize_t 
         u->metric[u->n] = m;
         u->present |= (uint64_t)1 << m;
         if (is_cuda) {
+            if (ga_is_array(st, value))
+                cuda_arrays[narrays++] = (ArrayObject *)value;
             u->value[u->n] = ptr;
             u->dtype[u->n] = dtype;
             cuda_device = device;
@@ -742,16 +767,30 @@ static PyObject *Logger_log(LoggerObject *lg, PyObject *const *args, Py_ssize_t 
     int capturing = 0;
     ga_stream s = NULL;
     if (cuda.n) {
-        if (value_stream(st, lg, cuda_device, &s) < 0 ||
-            ensure_device_state(st, lg, cuda_device, s, cuda_name) < 0)
+        if (value_stream(st, lg, cuda_device, &s) < 0)
             return NULL;
         GA_CHECK(st, ga_cuda_stream_capturing(s, &capturing));
+        if (capturing && !lg->device_state) {
+            /* allocated now, the logger's counters would be memory of the
+             * graph, zeroed again by every replay */
+            PyErr_SetString(PyExc_RuntimeError,
+                            "LossLogger.log: the first log() of a CUDA value must come before "
+                            "CUDA graph capture: log in the warm-up steps that capture needs "
+                            "anyway, then capture");
+            return NULL;
+        }
+        if (ensure_device_state(st, lg, cuda_device, s, cuda_name) < 0)
+            return NULL;
         if (s != lg->last_stream && !capturing) {
             /* the state was last updated on another stream: keep updates in order */
             GA_CHECK(st, ga_cuda_stream_wait_stream(lg->device, s, lg->last_stream));
             lg->last_stream = s;
         }
     }
+    /* windows that completed are handed to on_log; not while capturing,
+     * where querying their events would invalidate the capture */
+    if (!capturing && lg->npending && deliver(st, lg, 0) < 0)
+        return NULL;
     if (capturing) {
         /* inside a CUDA graph: the device counter numbers the steps, and the
          * steps are read back by flush() (host values cannot be captured) */
@@ -765,7 +804,10 @@ static PyObject *Logger_log(LoggerObject *lg, PyObject *const *args, Py_ssize_t 
         cuda.capacity = lg->capacity;
         cuda.max_metrics = lg->max_metrics;
         cuda.step = 0;
-        GA_CHECK(st, ga_cuda_logger_update(lg->device, &cuda, s));
+        if (update_on_device(st, lg, &cuda, s, capturing, cuda_arrays, narrays) < 0)
+            return NULL;
+        if (!lg->graph_mode) /* graph steps are read back from the open eager window on */
+            lg->graph_read = lg->window_start - 1;
         lg->graph_mode = 1;
         Py_RETURN_NONE;
     }
@@ -786,7 +828,8 @@ static PyObject *Logger_log(LoggerObject *lg, PyObject *const *args, Py_ssize_t 
         cuda.capacity = lg->capacity;
         cuda.max_metrics = lg->max_metrics;
         cuda.step = step;
-        GA_CHECK(st, ga_cuda_logger_update(lg->device, &cuda, s));
+        if (update_on_device(st, lg, &cuda, s, capturing, cuda_arrays, narrays) < 0)
+            return NULL;
     }
     if (step - lg->window_start + 1 >= lg->every) {
         /* a window of host values is complete at once: deliver it now */
@@ -814,6 +857,9 @@ static PyObject *Logger_poll(LoggerObject *lg, PyObject *unused)
 static int read_graph_steps(ga_state *st, LoggerObject *lg)
 {
     int64_t device_step = 0;
+    /* replays run on whatever stream the user launched them on: wait for
+     * all of them (flush() may block) before reading the counter */
+    GA_CHECK_NOGIL(st, ga_cuda_device_synchronize(lg->device));
     GA_CHECK(st, ga_cuda_memcpy_async(lg->device, &device_step, lg->device_state->ptr,
                                       sizeof device_step, lg->last_stream));
     GA_CHECK_NOGIL(st, ga_cuda_stream_synchronize(lg->device, lg->last_stream));

@@ -186,6 +186,10 @@ ga_status ga_cuda_get_device(int *device);
 ga_status ga_cuda_versions(ga_cuda_versions_info *info);
 ga_status ga_cuda_mem_info(int device, uint64_t *free_bytes, uint64_t *total_bytes);
 ga_status ga_cuda_device_synchronize(int device);
+/* For a background thread that works for `device` (loader workers): makes
+ * it current, and relaxes the thread's stream-capture mode so that its
+ * event queries do not invalidate a graph another thread captures. */
+ga_status ga_cuda_thread_init(int device);
 /* Path of the shared library that defines the cuBLASLt / cuDNN symbols we
  * call (empty when not known). */
 void ga_cuda_library_paths(const char **cublaslt, const char **cudnn);

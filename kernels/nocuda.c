@@ -52,6 +52,7 @@ ga_status ga_cuda_mem_info(int device, uint64_t *free_bytes, uint64_t *total_byt
 }
 
 ga_status ga_cuda_device_synchronize(int device) { (void)device; return GA_NO_CUDA; }
+ga_status ga_cuda_thread_init(int device) { (void)device; return GA_NO_CUDA; }
 
 ga_status ga_cuda_stream_acquire(int device, int priority, ga_stream *out)
 {

@@ -75,8 +75,10 @@ def test_cuda_graph_capture_and_replay():
     loss = torch.zeros((), device="cuda")
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
+    static.fill_(-1.0)
     with torch.cuda.stream(s):
-        loss.copy_(static * 3)  # warm-up outside the graph
+        loss.copy_(static * 3)  # warm-up outside the graph, logging included
+        log.log(loss=loss)
     torch.cuda.current_stream().wait_stream(s)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -86,5 +88,18 @@ def test_cuda_graph_capture_and_replay():
         static.fill_(float(i))
         graph.replay()
     log.flush()
-    np.testing.assert_array_equal(log.history("loss"), np.arange(10) * 3.0)
-    assert log.step == 10
+    np.testing.assert_array_equal(log.history("loss"), np.concatenate([[-3.0], np.arange(10) * 3.0]))
+    assert log.step == 11
+
+
+def test_first_cuda_log_inside_capture_is_refused_clearly():
+    log = ga.LossLogger(4, capacity=64)
+    loss = torch.ones((), device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="before CUDA graph capture"):
+        with torch.cuda.graph(graph):
+            loss.mul_(2)
+            log.log(loss=loss)
+    log.log(loss=loss)  # outside capture it works, and the value is exact
+    log.flush()
+    np.testing.assert_array_equal(log.history("loss"), [loss.item()])

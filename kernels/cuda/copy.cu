@@ -143,8 +143,11 @@ extern "C" ga_status ga_cuda_copy(int device, const ga_tensor *dst, const ga_ten
                                             cudaMemcpyDefault, s));
                 return ga_ok();
             }
+            /* pitches above cudaDevAttrMaxPitch (2^31 - 1) are refused by
+             * cudaMemcpy2DAsync: the kernel copies those */
             if (L.ndim == 2 && L.dst_strides[0] >= row * (int64_t)dsize &&
-                L.src_strides[0] >= row * (int64_t)dsize) {
+                L.src_strides[0] >= row * (int64_t)dsize && L.dst_strides[0] <= INT32_MAX &&
+                L.src_strides[0] <= INT32_MAX) {
                 GA_CUDA_TRY(cudaMemcpy2DAsync(dst->data, (size_t)L.dst_strides[0], src->data,
                                               (size_t)L.src_strides[0], (size_t)row * dsize,
                                               (size_t)L.shape[0], cudaMemcpyDefault, s));

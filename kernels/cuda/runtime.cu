@@ -111,6 +111,19 @@ extern "C" ga_status ga_cuda_device_synchronize(int device)
     return ga_ok();
 }
 
+extern "C" ga_status ga_cuda_thread_init(int device)
+{
+    /* the device now, so that device guards in this thread find it current
+     * and never make (and restore) device 0 current: that would create a
+     * context on GPU 0 for a loader of cuda:3 */
+    GA_CUDA_TRY(cudaSetDevice(device));
+    /* this thread's event queries and pinned allocations must not
+     * invalidate a CUDA graph the training thread captures meanwhile */
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    GA_CUDA_TRY(cudaThreadExchangeStreamCaptureMode(&mode));
+    return ga_ok();
+}
+
 /* ------------------------------------------------------------- streams */
 
 /* Streams gpuaccel creates are never destroyed: a memory block remembers the
