@@ -707,6 +707,31 @@ int ga_current_stream(ga_state *st, int device, ga_stream *out)
     return 0;
 }
 
+int ga_op_default_stream(ga_state *st, int device, int follow_torch, ga_stream *out)
+{
+    PyObject *value = NULL;
+    if (PyContextVar_Get(st->current_stream, NULL, &value) < 0)
+        return -1;
+    int ours = value && ((StreamObject *)value)->device == device;
+    Py_XDECREF(value);
+    if (ours || !follow_torch)
+        return ga_current_stream(st, device, out);
+    /* torch is imported (the operand is a torch tensor) */
+    PyObject *torch_c = PyImport_ImportModule("torch._C");
+    PyObject *r = torch_c ? PyObject_CallMethod(torch_c, "_cuda_getCurrentRawStream", "i", device)
+                          : NULL;
+    Py_XDECREF(torch_c);
+    if (!r)
+        return -1;
+    void *handle = PyLong_AsVoidPtr(r);
+    Py_DECREF(r);
+    if (PyErr_Occurred())
+        return -1;
+    /* torch's 0 is the legacy default stream */
+    *out = handle ? (ga_stream)handle : GA_STREAM_LEGACY;
+    return 0;
+}
+
 int ga_stream_from_object(ga_state *st, PyObject *obj, int device, ga_stream *out,
                           const char *argname)
 {

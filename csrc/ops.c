@@ -335,13 +335,21 @@ static int run_matmul(ga_state *st, ga_matmul_desc *desc, ga_device device, ga_s
     return 0;
 }
 
-static ga_stream op_stream(ga_state *st, ga_device device, PyObject *stream_obj, int *fail)
+/* The stream an op runs on: `stream=` when given, else the default for
+ * its leading operand (torch's current stream for a torch tensor). */
+static ga_stream op_stream(ga_state *st, const ArrayObject *lead, PyObject *stream_obj,
+                           int *fail)
 {
     ga_stream s = NULL;
     *fail = 0;
-    if (device.type == GA_DEVICE_CUDA &&
-        (ga_ensure_cuda_device(st, device.index) < 0 ||
-         ga_stream_from_object(st, stream_obj, device.index, &s, "stream") < 0))
+    if (lead->device.type != GA_DEVICE_CUDA)
+        return s;
+    int device = lead->device.index;
+    int from_torch = lead->base && ga_is_torch_tensor(st, lead->base);
+    if (ga_ensure_cuda_device(st, device) < 0 ||
+        (stream_obj == NULL || stream_obj == Py_None
+             ? ga_op_default_stream(st, device, from_torch, &s)
+             : ga_stream_from_object(st, stream_obj, device, &s, "stream")) < 0)
         *fail = 1;
     return s;
 }
@@ -492,7 +500,7 @@ PyObject *ga_py_matmul(PyObject *module, PyObject *const *args, Py_ssize_t nargs
         goto done;
     }
     int fail;
-    ga_stream s = op_stream(st, a->device, v[6], &fail);
+    ga_stream s = op_stream(st, a, v[6], &fail);
     if (fail)
         goto done;
     /* the result: batch dims, then (M, N), minus the vector dims */
@@ -673,7 +681,7 @@ PyObject *ga_py_linear(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     if (dense_bias(st, &bias) < 0)
         goto done;
     int fail;
-    ga_stream s = op_stream(st, x->device, v[6], &fail);
+    ga_stream s = op_stream(st, x, v[6], &fail);
     if (fail)
         goto done;
     int64_t shape[GA_MAX_NDIM];
@@ -885,7 +893,7 @@ PyObject *ga_py_linear_backward(PyObject *module, PyObject *const *args, Py_ssiz
         goto done;
     }
     int fail;
-    ga_stream s = op_stream(st, x->device, v[8], &fail);
+    ga_stream s = op_stream(st, x, v[8], &fail);
     if (fail)
         goto done;
     const ga_stream *sp = x->device.type == GA_DEVICE_CUDA ? &s : NULL;
@@ -1287,7 +1295,7 @@ PyObject *ga_py_conv2d(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     if (conv_output_size(&tx, &tw, &ca.geom, pq, "conv2d") < 0)
         goto done;
     int fail;
-    ga_stream s = op_stream(st, x->device, v[11], &fail);
+    ga_stream s = op_stream(st, x, v[11], &fail);
     if (fail)
         goto done;
     const ga_stream *sp = x->device.type == GA_DEVICE_CUDA ? &s : NULL;
@@ -1432,7 +1440,7 @@ PyObject *ga_py_conv2d_backward(PyObject *module, PyObject *const *args, Py_ssiz
         goto done;
     }
     int fail;
-    ga_stream s = op_stream(st, x->device, v[14], &fail);
+    ga_stream s = op_stream(st, x, v[14], &fail);
     if (fail)
         goto done;
     const ga_stream *sp = x->device.type == GA_DEVICE_CUDA ? &s : NULL;

@@ -10,6 +10,7 @@ import gpuaccel as ga
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
+LONG_SLEEP = 1_000_000_000  # ~0.5 s of GPU time at H100 clocks (torch.cuda._sleep spins cycles)
 
 pytestmark = pytest.mark.cuda
 
@@ -173,6 +174,27 @@ def test_fused_linear_on_cuda_matches_torch_and_uses_torchs_stream():
     torch.testing.assert_close(x.grad, xr.grad, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(layer.weight.grad, ref.weight.grad, rtol=1e-4, atol=1e-3)
     torch.testing.assert_close(layer.bias.grad, ref.bias.grad, rtol=1e-4, atol=1e-3)
+
+
+def test_raw_ops_on_torch_tensors_follow_torchs_current_stream():
+    # torch writes x on a side stream after a long sleep; ga.linear with no
+    # stream= must queue behind that work, on the same stream
+    w = torch.randn(65, 129, device="cuda")
+    side = torch.cuda.Stream()
+    x = torch.zeros(33, 129, device="cuda")
+    torch.cuda.synchronize()
+    values = torch.randn(33, 129, device="cuda")
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(LONG_SLEEP)
+        x.copy_(values)
+        y = torch.empty(33, 65, device="cuda")
+        ga.linear(x, w, out=y)
+        matmul_y = torch.empty(33, 65, device="cuda")
+        ga.matmul(x, w.T, out=matmul_y)
+    side.synchronize()
+    ref = values.double() @ w.double().T
+    torch.testing.assert_close(y.double(), ref, rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(matmul_y.double(), ref, rtol=1e-3, atol=1e-3)
 
 
 def test_autocast_bf16_on_cuda():
