@@ -767,6 +767,47 @@ done:
 
 /* dz = grad * act'(aux) (dz = grad itself for no activation), with the
  * bias gradient (sum over every dim but channel_dim) when bias_grad. */
+/* An uninitialised array of a's shape in a's memory order when a is a
+ * dense permutation (channels-last, a transpose), else C-contiguous — like
+ * torch.empty_like(a): an activation gradient laid out as its grad keeps
+ * the kernels that read both on their fast (NHWC) path. */
+static ArrayObject *empty_like(ga_state *st, const ArrayObject *a, const ga_stream *sp)
+{
+    int n = a->ndim, order[GA_MAX_NDIM];
+    int64_t item = (int64_t)ga_dtype_itemsize(a->dtype);
+    for (int d = 0; d < n; d++)
+        order[d] = d;
+    /* dims by decreasing stride (stable: size-1 dims keep their place) */
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && a->strides[order[j]] > a->strides[order[j - 1]]; j--) {
+            int t = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = t;
+        }
+    int dense = 1, permuted = 0;
+    int64_t expect = item;
+    for (int i = n - 1; i >= 0; i--) {
+        int d = order[i];
+        if (a->shape[d] != 1 && a->strides[d] != expect)
+            dense = 0;
+        expect *= a->shape[d];
+        permuted |= order[i] != i;
+    }
+    if (!dense || !permuted)
+        return ga_array_empty(st, a->dtype, n, a->shape, a->device, 0, sp);
+    int64_t shape[GA_MAX_NDIM], strides[GA_MAX_NDIM];
+    for (int i = 0; i < n; i++)
+        shape[i] = a->shape[order[i]];
+    ArrayObject *base = ga_array_empty(st, a->dtype, n, shape, a->device, 0, sp);
+    if (!base)
+        return NULL;
+    for (int i = 0; i < n; i++)
+        strides[order[i]] = base->strides[i];
+    ArrayObject *v = ga_array_view(st, base, base->data, n, a->shape, strides);
+    Py_DECREF(base);
+    return v;
+}
+
 static ArrayObject *activation_grad(ga_state *st, ArrayObject *grad, ArrayObject *aux,
                                     ga_activation act, ArrayObject *bias_grad, int channel_dim,
                                     ga_stream s)
@@ -775,8 +816,7 @@ static ArrayObject *activation_grad(ga_state *st, ArrayObject *grad, ArrayObject
     const ga_stream *sp = grad->device.type == GA_DEVICE_CUDA ? &s : NULL;
     if (act == GA_ACT_NONE && !bias_grad)
         return (ArrayObject *)Py_NewRef(grad);
-    if (act != GA_ACT_NONE &&
-        !(dz = ga_array_empty(st, grad->dtype, grad->ndim, grad->shape, grad->device, 0, sp)))
+    if (act != GA_ACT_NONE && !(dz = empty_like(st, grad, sp)))
         return NULL;
     ga_act_backward_desc d;
     memset(&d, 0, sizeof d);
