@@ -1037,17 +1037,25 @@ ga_status tune_graph(cudnnHandle_t handle, cudaStream_t s, const Problem &p, Gra
             return ga_ok();
         }
     }
-    std::vector<std::shared_ptr<ExecPlan>> cands;
-    GA_TRY_STATUS(heuristic_plans(handle, g, p, CUDNN_HEUR_MODE_A, &cands));
-    if (cands.empty())
-        GA_TRY_STATUS(heuristic_plans(handle, g, p, CUDNN_HEUR_MODE_FALLBACK, &cands));
-    if (cands.empty())
-        return CONV_UNSUPPORTED("no cuDNN engine for this graph");
-    size_t best = 0;
-    GA_TRY_STATUS(pick_plan(handle, s, p, cands, !p.geom.deterministic, &best, tuned));
-    GA_TRY_STATUS(describe_choice(*cands[best], choice));
-    *plan = cands[best];
-    return ga_ok();
+    /* mode A's candidates first; the fallback mode's when none of those
+     * finalizes or none of them launches here */
+    const cudnnBackendHeurMode_t modes[] = {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK};
+    ga_status last = CONV_UNSUPPORTED("no cuDNN engine for this graph");
+    for (cudnnBackendHeurMode_t mode : modes) {
+        std::vector<std::shared_ptr<ExecPlan>> cands;
+        GA_TRY_STATUS(heuristic_plans(handle, g, p, mode, &cands));
+        if (cands.empty())
+            continue;
+        size_t best = 0;
+        last = pick_plan(handle, s, p, cands, !p.geom.deterministic, &best, tuned);
+        if (is_unsupported(last))
+            continue;
+        GA_TRY_STATUS(last);
+        GA_TRY_STATUS(describe_choice(*cands[best], choice));
+        *plan = cands[best];
+        return ga_ok();
+    }
+    return last;
 }
 
 /* ===================================================== the cached choice */
