@@ -163,6 +163,12 @@ static int load_torch(ga_state *st)
         if (!st->torch_dtypes[d])
             PyErr_Clear();
     }
+    /* absent from a CPU-only torch build: then no tensor is a CUDA one */
+    PyObject *torch_c = PyObject_GetAttrString(torch, "_C");
+    st->torch_raw_stream = torch_c ? PyObject_GetAttrString(torch_c, "_cuda_getCurrentRawStream")
+                                   : NULL;
+    Py_XDECREF(torch_c);
+    PyErr_Clear();
     st->torch_tensor_type = tensor;
     return 1;
 }

@@ -716,11 +716,10 @@ int ga_op_default_stream(ga_state *st, int device, int follow_torch, ga_stream *
     Py_XDECREF(value);
     if (ours || !follow_torch)
         return ga_current_stream(st, device, out);
-    /* torch is imported (the operand is a torch tensor) */
-    PyObject *torch_c = PyImport_ImportModule("torch._C");
-    PyObject *r = torch_c ? PyObject_CallMethod(torch_c, "_cuda_getCurrentRawStream", "i", device)
-                          : NULL;
-    Py_XDECREF(torch_c);
+    /* torch is loaded (the operand is a CUDA torch tensor) */
+    if (!st->torch_raw_stream)
+        return ga_current_stream(st, device, out);
+    PyObject *r = PyObject_CallFunction(st->torch_raw_stream, "i", device);
     if (!r)
         return -1;
     void *handle = PyLong_AsVoidPtr(r);

@@ -124,6 +124,7 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->default_device);
     Py_VISIT(st->bfloat16_descr);
     Py_VISIT(st->torch_tensor_type);
+    Py_VISIT(st->torch_raw_stream);
     for (int d = 0; d < GA_NUM_DTYPES; d++)
         Py_VISIT(st->torch_dtypes[d]);
     Py_VISIT(st->str_dlpack);
@@ -153,6 +154,7 @@ static int module_clear(PyObject *module)
     Py_CLEAR(st->default_device);
     Py_CLEAR(st->bfloat16_descr);
     Py_CLEAR(st->torch_tensor_type);
+    Py_CLEAR(st->torch_raw_stream);
     for (int d = 0; d < GA_NUM_DTYPES; d++)
         Py_CLEAR(st->torch_dtypes[d]);
     Py_CLEAR(st->str_dlpack);

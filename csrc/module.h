@@ -29,6 +29,7 @@ typedef struct {
      * its dtype objects by gpuaccel dtype (the fast zero-copy path) */
     PyObject *torch_tensor_type;
     PyObject *torch_dtypes[GA_NUM_DTYPES];
+    PyObject *torch_raw_stream; /* torch._C._cuda_getCurrentRawStream, or NULL */
     /* interned names and constants of the DLPack exchange (a hot path) */
     PyObject *str_dlpack;            /* "__dlpack__" */
     PyObject *str_dlpack_device;     /* "__dlpack_device__" */

@@ -252,12 +252,13 @@ static int element_strides_ok(ArrayObject *a)
     return 1;
 }
 
-/* An operand the backend can describe: element strides (a copy otherwise). */
-static ArrayObject *describable(ga_state *st, ArrayObject *a)
+/* An operand the backend can describe: element strides (a copy otherwise).
+ * `sobj` (from op_stream_object) is the op's stream: helper copies run on it. */
+static ArrayObject *describable(ga_state *st, ArrayObject *a, PyObject *sobj)
 {
     if (element_strides_ok(a))
         return (ArrayObject *)Py_NewRef(a);
-    return ga_array_copy_to(st, a, a->device, a->dtype, 0, NULL);
+    return ga_array_copy_to(st, a, a->device, a->dtype, 0, sobj);
 }
 
 /* A new contiguous array, or `out` checked against what the op writes. */
@@ -354,6 +355,15 @@ static ga_stream op_stream(ga_state *st, const ArrayObject *lead, PyObject *stre
     return s;
 }
 
+/* The op's stream as an object for the helpers that take one (ga_copy_into,
+ * ga_array_copy_to): the resolved handle, so that their copies queue on the
+ * very stream the op runs on. */
+static PyObject *op_stream_object(const ArrayObject *lead, ga_stream s)
+{
+    return lead->device.type == GA_DEVICE_CUDA ? PyLong_FromVoidPtr((void *)s)
+                                               : Py_NewRef(Py_None);
+}
+
 /* Leading dims of `a` before the last `keep` as one dimension, when their
  * strides allow (else -1).  The stride is 0 when it does not matter (no
  * row, or one); rows that alias each other (a broadcast, stride 0) are not
@@ -392,11 +402,11 @@ static int collapse_leading(const ArrayObject *a, int keep, int64_t *count, int6
 
 /* The kernels read a bias as a dense vector: a strided one (a view with a
  * step, reversed, broadcast) is copied first. */
-static int dense_bias(ga_state *st, ArrayObject **bias)
+static int dense_bias(ga_state *st, ArrayObject **bias, PyObject *sobj)
 {
     if (!*bias || ga_array_is_contiguous(*bias))
         return 0;
-    ArrayObject *c = ga_array_copy_to(st, *bias, (*bias)->device, (*bias)->dtype, 0, NULL);
+    ArrayObject *c = ga_array_copy_to(st, *bias, (*bias)->device, (*bias)->dtype, 0, sobj);
     if (!c)
         return -1;
     Py_SETREF(*bias, c);
@@ -416,7 +426,7 @@ PyObject *ga_py_matmul(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     ga_state *st = ga_state_from_module(module);
     ArrayObject *a = NULL, *b = NULL, *bias = NULL, *d = NULL, *av = NULL, *bv = NULL,
                 *user_out = NULL;
-    PyObject *result = NULL;
+    PyObject *result = NULL, *sobj = NULL;
     ga_activation act;
     if (parse_activation(v[3], &act, "matmul") < 0)
         return NULL;
@@ -501,7 +511,7 @@ PyObject *ga_py_matmul(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     }
     int fail;
     ga_stream s = op_stream(st, a, v[6], &fail);
-    if (fail)
+    if (fail || !(sobj = op_stream_object(a, s)))
         goto done;
     /* the result: batch dims, then (M, N), minus the vector dims */
     int64_t out_shape[GA_MAX_NDIM + 2];
@@ -519,7 +529,7 @@ PyObject *ga_py_matmul(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     if (!(d = result_array(st, v[4], out_dtype, on, out_shape, a->device,
                            a->device.type == GA_DEVICE_CUDA ? &s : NULL, "matmul")))
         goto done;
-    if (!(av = describable(st, a)) || !(bv = describable(st, b)))
+    if (!(av = describable(st, a, sobj)) || !(bv = describable(st, b, sobj)))
         goto done;
     if (ga_arrays_may_overlap(d, av) || ga_arrays_may_overlap(d, bv) ||
         (bias && ga_arrays_may_overlap(d, bias))) {
@@ -529,13 +539,13 @@ PyObject *ga_py_matmul(PyObject *module, PyObject *const *args, Py_ssize_t nargs
                                  a->device.type == GA_DEVICE_CUDA ? &s : NULL)))
             goto done;
     }
-    if (dense_bias(st, &bias) < 0)
+    if (dense_bias(st, &bias, sobj) < 0)
         goto done;
     /* cuBLASLt's fused bias has D's dtype (a float16/bfloat16 bias with a
      * float32 result would not fuse): widened, exactly, on the GPU */
     if (bias && bias->dtype != out_dtype &&
         (bias->dtype != a->dtype || a->device.type == GA_DEVICE_CUDA)) {
-        ArrayObject *cast = ga_array_copy_to(st, bias, bias->device, out_dtype, 0, NULL);
+        ArrayObject *cast = ga_array_copy_to(st, bias, bias->device, out_dtype, 0, sobj);
         if (!cast)
             goto done;
         Py_SETREF(bias, cast);
@@ -590,12 +600,13 @@ PyObject *ga_py_matmul(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     if (a->device.type == GA_DEVICE_CUDA && record_all(st, touched, 4, s) < 0)
         goto done;
     if (user_out) {
-        if (ga_copy_into(st, user_out, d, v[6]) < 0)
+        if (ga_copy_into(st, user_out, d, sobj) < 0)
             goto done;
         Py_SETREF(d, (ArrayObject *)Py_NewRef(user_out));
     }
     result = Py_NewRef(d);
 done:
+    Py_XDECREF(sobj);
     Py_XDECREF(user_out);
     Py_XDECREF(a);
     Py_XDECREF(b);
@@ -610,13 +621,14 @@ done:
 
 /* x (..., K) as an M x K matrix (a contiguous copy when its leading dims
  * cannot be merged). */
-static ArrayObject *rows_view(ga_state *st, ArrayObject *x, int64_t *M, int64_t *row_stride)
+static ArrayObject *rows_view(ga_state *st, ArrayObject *x, int64_t *M, int64_t *row_stride,
+                              PyObject *sobj)
 {
-    ArrayObject *xv = describable(st, x);
+    ArrayObject *xv = describable(st, x, sobj);
     if (!xv)
         return NULL;
     if (collapse_leading(xv, 1, M, row_stride) < 0) {
-        ArrayObject *c = ga_array_copy_to(st, xv, xv->device, xv->dtype, 0, NULL);
+        ArrayObject *c = ga_array_copy_to(st, xv, xv->device, xv->dtype, 0, sobj);
         Py_DECREF(xv);
         if (!c)
             return NULL;
@@ -638,7 +650,7 @@ PyObject *ga_py_linear(PyObject *module, PyObject *const *args, Py_ssize_t nargs
         return NULL;
     ga_state *st = ga_state_from_module(module);
     ArrayObject *x = NULL, *w = NULL, *bias = NULL, *xv = NULL, *wv = NULL, *y = NULL, *z = NULL;
-    PyObject *result = NULL;
+    PyObject *result = NULL, *sobj = NULL;
     ga_activation act;
     int save = v[5] ? PyObject_IsTrue(v[5]) : 0;
     if (save < 0 || parse_activation(v[3], &act, "linear") < 0)
@@ -678,11 +690,9 @@ PyObject *ga_py_linear(PyObject *module, PyObject *const *args, Py_ssize_t nargs
         PyErr_Format(PyExc_ValueError, "linear: bias must have shape (%lld,)", (long long)N);
         goto done;
     }
-    if (dense_bias(st, &bias) < 0)
-        goto done;
     int fail;
     ga_stream s = op_stream(st, x, v[6], &fail);
-    if (fail)
+    if (fail || !(sobj = op_stream_object(x, s)) || dense_bias(st, &bias, sobj) < 0)
         goto done;
     int64_t shape[GA_MAX_NDIM];
     memcpy(shape, x->shape, (size_t)x->ndim * 8);
@@ -694,7 +704,7 @@ PyObject *ga_py_linear(PyObject *module, PyObject *const *args, Py_ssize_t nargs
         !(z = result_array(st, v[7], x->dtype, x->ndim, shape, x->device, sp, "linear")))
         goto done;
     int64_t M, x_row;
-    if (!(xv = rows_view(st, x, &M, &x_row)) || !(wv = describable(st, w)))
+    if (!(xv = rows_view(st, x, &M, &x_row, sobj)) || !(wv = describable(st, w, sobj)))
         goto done;
     /* y may be any strided `out`: write through a contiguous temporary then */
     ArrayObject *target = y;
@@ -740,7 +750,7 @@ PyObject *ga_py_linear(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     if (rc == 0 && x->device.type == GA_DEVICE_CUDA)
         rc = record_all(st, touched, 5, s);
     if (rc == 0 && target != y)
-        rc = ga_copy_into(st, y, target, v[6]);
+        rc = ga_copy_into(st, y, target, sobj);
     Py_DECREF(target);
     if (rc < 0)
         goto done;
@@ -753,6 +763,7 @@ PyObject *ga_py_linear(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     else
         result = PyTuple_Pack(2, (PyObject *)y, Py_None);
 done:
+    Py_XDECREF(sobj);
     Py_XDECREF(x);
     Py_XDECREF(w);
     Py_XDECREF(bias);
@@ -765,8 +776,6 @@ done:
 
 /* ------------------------------------------------------ activation grad */
 
-/* dz = grad * act'(aux) (dz = grad itself for no activation), with the
- * bias gradient (sum over every dim but channel_dim) when bias_grad. */
 /* An uninitialised array of a's shape in a's memory order when a is a
  * dense permutation (channels-last, a transpose), else C-contiguous — like
  * torch.empty_like(a): an activation gradient laid out as its grad keeps
@@ -808,6 +817,8 @@ static ArrayObject *empty_like(ga_state *st, const ArrayObject *a, const ga_stre
     return v;
 }
 
+/* dz = grad * act'(aux) (dz = grad itself for no activation), with the
+ * bias gradient (sum over every dim but channel_dim) when bias_grad. */
 static ArrayObject *activation_grad(ga_state *st, ArrayObject *grad, ArrayObject *aux,
                                     ga_activation act, ArrayObject *bias_grad, int channel_dim,
                                     ga_stream s)
@@ -890,7 +901,7 @@ PyObject *ga_py_linear_backward(PyObject *module, PyObject *const *args, Py_ssiz
     ga_state *st = ga_state_from_module(module);
     ArrayObject *gy = NULL, *x = NULL, *w = NULL, *aux = NULL, *dz = NULL, *gyv = NULL, *xv = NULL,
                 *wv = NULL, *gx = NULL, *gw = NULL, *gb = NULL;
-    PyObject *result = NULL;
+    PyObject *result = NULL, *sobj = NULL;
     ga_activation act;
     int need_x = parse_flag(v[5], 1), need_w = parse_flag(v[6], 1), need_b = parse_flag(v[7], 1);
     if (need_x < 0 || need_w < 0 || need_b < 0 || parse_activation(v[3], &act, "linear_backward") < 0)
@@ -934,7 +945,7 @@ PyObject *ga_py_linear_backward(PyObject *module, PyObject *const *args, Py_ssiz
     }
     int fail;
     ga_stream s = op_stream(st, x, v[8], &fail);
-    if (fail)
+    if (fail || !(sobj = op_stream_object(x, s)))
         goto done;
     const ga_stream *sp = x->device.type == GA_DEVICE_CUDA ? &s : NULL;
     int64_t N = w->shape[0], K = w->shape[1];
@@ -950,7 +961,7 @@ PyObject *ga_py_linear_backward(PyObject *module, PyObject *const *args, Py_ssiz
      * activation; without one, the dW GEMM sums it (a_row_sums) */
     int bias_in_gemm = need_b && act == GA_ACT_NONE && need_w;
     int64_t M, gy_row, x_row;
-    if (!(gyv = rows_view(st, gy, &M, &gy_row)))
+    if (!(gyv = rows_view(st, gy, &M, &gy_row, sobj)))
         goto done;
     if (!(dz = activation_grad(st, gyv, aux, act, bias_in_gemm ? NULL : gb, gyv->ndim - 1, s)))
         goto done;
@@ -960,7 +971,7 @@ PyObject *ga_py_linear_backward(PyObject *module, PyObject *const *args, Py_ssiz
             gy_row = N * (int64_t)ga_dtype_itemsize(dz->dtype);
     }
     int64_t item = (int64_t)ga_dtype_itemsize(x->dtype);
-    if (!(wv = describable(st, w)) || !(xv = rows_view(st, x, &M, &x_row)))
+    if (!(wv = describable(st, w, sobj)) || !(xv = rows_view(st, x, &M, &x_row, sobj)))
         goto done;
     ga_matrix dz_m = {dz->data, dz->dtype, M, N, gy_row / item, dz->strides[dz->ndim - 1] / item, 0};
     if (need_x) {
@@ -1015,6 +1026,7 @@ PyObject *ga_py_linear_backward(PyObject *module, PyObject *const *args, Py_ssiz
     result = PyTuple_Pack(3, gx ? (PyObject *)gx : Py_None, gw ? (PyObject *)gw : Py_None,
                           gb ? (PyObject *)gb : Py_None);
 done:
+    Py_XDECREF(sobj);
     Py_XDECREF(gy);
     Py_XDECREF(x);
     Py_XDECREF(w);
@@ -1251,7 +1263,9 @@ static int run_cuda_conv(ga_state *st, int device, ga_stream s, const char *key,
         return ga_raise(st, status);
     count_call(&conv_counts, 1, &tuning.report);
     conv_counts.tuning_reused += reused;
-    if (tuning.report.tuned && tuning.chosen[0]) {
+    /* a choice made without the workspace (short of memory) is not kept:
+     * the file's key assumes the full budget */
+    if (tuning.report.tuned && tuning.chosen[0] && ws) {
         PyObject *r = tuning_call("store", device, key, tuning.chosen);
         if (!r)
             return -1;
@@ -1297,7 +1311,7 @@ PyObject *ga_py_conv2d(PyObject *module, PyObject *const *args, Py_ssize_t nargs
         return NULL;
     ga_state *st = ga_state_from_module(module);
     ArrayObject *x = NULL, *w = NULL, *bias = NULL, *xv = NULL, *wv = NULL, *y = NULL, *z = NULL;
-    PyObject *result = NULL;
+    PyObject *result = NULL, *sobj = NULL;
     conv_args ca;
     ga_activation act;
     int save = v[10] ? PyObject_IsTrue(v[10]) : 0;
@@ -1319,7 +1333,11 @@ PyObject *ga_py_conv2d(PyObject *module, PyObject *const *args, Py_ssize_t nargs
                      ga_dtype_name(x->dtype));
         goto done;
     }
-    if (!(xv = describable(st, x)) || !(wv = describable(st, w)))
+    int fail;
+    ga_stream s = op_stream(st, x, v[11], &fail);
+    if (fail || !(sobj = op_stream_object(x, s)))
+        goto done;
+    if (!(xv = describable(st, x, sobj)) || !(wv = describable(st, w, sobj)))
         goto done;
     ga_tensor tx = logical(xv, ca.nhwc), tw = logical(wv, ca.nhwc);
     if (check_conv_shapes(&tx, &tw, &ca, "conv2d") < 0)
@@ -1329,14 +1347,10 @@ PyObject *ga_py_conv2d(PyObject *module, PyObject *const *args, Py_ssize_t nargs
                      (long long)tw.shape[0]);
         goto done;
     }
-    if (dense_bias(st, &bias) < 0)
+    if (dense_bias(st, &bias, sobj) < 0)
         goto done;
     int64_t pq[2];
     if (conv_output_size(&tx, &tw, &ca.geom, pq, "conv2d") < 0)
-        goto done;
-    int fail;
-    ga_stream s = op_stream(st, x, v[11], &fail);
-    if (fail)
         goto done;
     const ga_stream *sp = x->device.type == GA_DEVICE_CUDA ? &s : NULL;
     int64_t ydims[4] = {tx.shape[0], tw.shape[0], pq[0], pq[1]};
@@ -1400,6 +1414,7 @@ PyObject *ga_py_conv2d(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     else
         result = PyTuple_Pack(2, (PyObject *)y, act == GA_ACT_RELU ? (PyObject *)y : Py_None);
 done:
+    Py_XDECREF(sobj);
     Py_XDECREF(x);
     Py_XDECREF(w);
     Py_XDECREF(bias);
@@ -1424,7 +1439,7 @@ PyObject *ga_py_conv2d_backward(PyObject *module, PyObject *const *args, Py_ssiz
     ga_state *st = ga_state_from_module(module);
     ArrayObject *gy = NULL, *x = NULL, *w = NULL, *aux = NULL, *gyv = NULL, *xv = NULL, *wv = NULL,
                 *dz = NULL, *gx = NULL, *gw = NULL, *gb = NULL;
-    PyObject *result = NULL;
+    PyObject *result = NULL, *sobj = NULL;
     conv_args ca;
     ga_activation act;
     int need_x = parse_flag(v[11], 1), need_w = parse_flag(v[12], 1), need_b = parse_flag(v[13], 1);
@@ -1461,7 +1476,12 @@ PyObject *ga_py_conv2d_backward(PyObject *module, PyObject *const *args, Py_ssiz
                      ga_dtype_name(x->dtype));
         goto done;
     }
-    if (!(xv = describable(st, x)) || !(wv = describable(st, w)) || !(gyv = describable(st, gy)))
+    int fail;
+    ga_stream s = op_stream(st, x, v[14], &fail);
+    if (fail || !(sobj = op_stream_object(x, s)))
+        goto done;
+    if (!(xv = describable(st, x, sobj)) || !(wv = describable(st, w, sobj)) ||
+        !(gyv = describable(st, gy, sobj)))
         goto done;
     ga_tensor tx = logical(xv, ca.nhwc), tw = logical(wv, ca.nhwc), tgy = logical(gyv, ca.nhwc);
     int64_t pq[2];
@@ -1479,10 +1499,6 @@ PyObject *ga_py_conv2d_backward(PyObject *module, PyObject *const *args, Py_ssiz
                      (long long)(ca.nhwc ? tw.shape[0] : pq[1]));
         goto done;
     }
-    int fail;
-    ga_stream s = op_stream(st, x, v[14], &fail);
-    if (fail)
-        goto done;
     const ga_stream *sp = x->device.type == GA_DEVICE_CUDA ? &s : NULL;
     int64_t k_shape[1] = {tw.shape[0]};
     if (need_b && !(gb = result_array(st, outs[2], w->dtype, 1, k_shape, x->device, sp,
@@ -1577,6 +1593,7 @@ PyObject *ga_py_conv2d_backward(PyObject *module, PyObject *const *args, Py_ssiz
     result = PyTuple_Pack(3, gx ? (PyObject *)gx : Py_None, gw ? (PyObject *)gw : Py_None,
                           gb ? (PyObject *)gb : Py_None);
 done:
+    Py_XDECREF(sobj);
     Py_XDECREF(gy);
     Py_XDECREF(x);
     Py_XDECREF(w);

@@ -184,6 +184,7 @@ def test_raw_ops_on_torch_tensors_follow_torchs_current_stream():
     x = torch.zeros(33, 129, device="cuda")
     torch.cuda.synchronize()
     values = torch.randn(33, 129, device="cuda")
+    side.wait_stream(torch.cuda.current_stream())  # values and w are written
     with torch.cuda.stream(side):
         torch.cuda._sleep(LONG_SLEEP)
         x.copy_(values)
