@@ -664,6 +664,14 @@ error:
     return -1;
 }
 
+static int has_host_metrics(const LoggerObject *lg)
+{
+    for (int m = 0; m < lg->max_metrics; m++)
+        if (lg->kind[m] == METRIC_HOST)
+            return 1;
+    return 0;
+}
+
 /* The update kernel on stream s: eagerly, it waits for the gpuaccel Arrays
  * it reads (made on other streams), and they and the logger's state are
  * not freed or reused before it ran.  Not while capturing: an event
@@ -786,6 +794,13 @@ static PyObject *Logger_log(LoggerObject *lg, PyObject *const *args, Py_ssize_t 
             GA_CHECK(st, ga_cuda_stream_wait_stream(lg->device, s, lg->last_stream));
             lg->last_stream = s;
         }
+    } else if (lg->device_state) {
+        /* host values only: refused below while the stream is capturing (and
+         * pending windows are not queried then) */
+        ga_stream cur;
+        if (value_stream(st, lg, lg->device, &cur) < 0)
+            return NULL;
+        GA_CHECK(st, ga_cuda_stream_capturing(cur, &capturing));
     }
     /* windows that completed are handed to on_log; not while capturing,
      * where querying their events would invalidate the capture */
@@ -798,6 +813,15 @@ static PyObject *Logger_log(LoggerObject *lg, PyObject *const *args, Py_ssize_t 
             PyErr_SetString(PyExc_ValueError,
                             "LossLogger.log: during CUDA graph capture only CUDA tensors can be "
                             "logged (a Python number would be recorded once, not per replay)");
+            return NULL;
+        }
+        if (!lg->graph_mode && lg->window_start <= lg->step && has_host_metrics(lg)) {
+            /* graph steps are read back from the device alone, where the open
+             * window's host values are not */
+            PyErr_SetString(PyExc_RuntimeError,
+                            "LossLogger.log: steps logged before this CUDA graph capture hold "
+                            "Python numbers that are not delivered yet; call flush() after the "
+                            "warm-up steps, then capture");
             return NULL;
         }
         cuda.state = lg->device_state->ptr;

@@ -74,8 +74,8 @@ def test_cuda_graph_capture_and_replay():
     static = torch.zeros((), device="cuda")
     loss = torch.zeros((), device="cuda")
     s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
     static.fill_(-1.0)
+    s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
         loss.copy_(static * 3)  # warm-up outside the graph, logging included
         log.log(loss=loss)
