@@ -18,6 +18,7 @@ import warnings
 
 _lock = threading.Lock()
 _loaded = {}   # path -> {key: choice}
+_mine = {}     # path -> the keys this process tuned (they win a merge)
 _prefixes = {}  # device -> "GPU name|cudnn version"
 
 
@@ -73,7 +74,10 @@ def store(device, key, choice):
     file = path()
     with _lock:
         table = _table(file)
-        table[_prefix(device) + "|" + key] = choice
+        full_key = _prefix(device) + "|" + key
+        table[full_key] = choice
+        mine = _mine.setdefault(file, set())
+        mine.add(full_key)
         folder = os.path.dirname(file)
         tmp = None
         try:
@@ -84,7 +88,9 @@ def store(device, key, choice):
                     merged = _read(file)  # what other processes stored meanwhile
                 except (OSError, ValueError):
                     merged = {}  # corrupt: rewritten with what this process has
-                merged.update(table)
+                # entries other ranks wrote since this process read the
+                # file win over its stale copies; its own tunings win
+                merged.update({k: table[k] for k in mine})
                 table.update(merged)
                 fd, tmp = tempfile.mkstemp(dir=folder, prefix=".conv_tuning.")
                 with os.fdopen(fd, "w") as f:
@@ -106,4 +112,5 @@ def forget():
     """Drops what was read (tests; or after the file was edited)."""
     with _lock:
         _loaded.clear()
+        _mine.clear()
         _prefixes.clear()

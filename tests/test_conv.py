@@ -198,6 +198,13 @@ def test_tuning_store_merges_what_other_processes_wrote(tuning, tmp_path):
     tuning.store(0, "mine", "eng9:")
     data = json.loads(file.read_text())
     assert data == dict(other, **{"Test GPU|cudnn91900|mine": "eng9:"})
+    # a rank re-tunes an entry this process only read: its newer choice stays
+    other["Test GPU|cudnn91900|theirs-0"] = "eng5:"
+    subprocess.run([sys.executable, "-c", script, str(file), json.dumps(dict(data, **other))], check=True)
+    tuning.store(0, "mine-2", "eng8:")
+    data = json.loads(file.read_text())
+    assert data["Test GPU|cudnn91900|theirs-0"] == "eng5:"
+    assert data["Test GPU|cudnn91900|mine"] == "eng9:" and data["Test GPU|cudnn91900|mine-2"] == "eng8:"
     assert tuning.lookup(0, "theirs-1") == "eng1:"  # and this process now knows them
     assert sorted(p.name for p in tmp_path.iterdir()) == ["conv_tuning.json", "conv_tuning.json.lock"]
 
