@@ -2,6 +2,7 @@
 CUDA Array Interface with torch/CuPy, streams, events, the device pool — and
 that nothing here blocks the host on the GPU."""
 
+import sys
 import time
 
 import numpy as np
@@ -308,25 +309,30 @@ def test_freeing_waits_for_other_streams_on_the_gpu():
         del b
 
 
-def test_arrays_outlive_the_stream_they_were_made_on(rng):
-    # an array allocated under a Stream that is then dropped is freed in that
-    # stream's order later: the handle must still be a valid stream then
+def test_arrays_outlive_the_stream_they_were_made_on(rng, monkeypatch):
+    # arrays made under Streams that are then dropped are freed in those
+    # streams' order later: the handles must still be valid streams then
+    # (a failed cudaFreeAsync is reported through sys.unraisablehook)
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
     values = rng.standard_normal((513, 7)).astype(np.float32)
     before = ga.memory_stats("cuda")["allocated_bytes"]
-    kept, handles = [], set()
-    for k in range(20):
-        s = ga.Stream(priority=-1 if k % 2 else 0)
-        handles.add(s.handle)
+    streams = [ga.Stream(priority=-1 if k % 2 else 0) for k in range(20)]
+    kept = []
+    for s in streams:
         with s:
             kept.append(ga.asarray(values, device="cuda").astype("float64"))
-        del s
-    # released streams are handed out again, not destroyed and re-created
-    assert len(handles) <= 2
+    handles = [s.handle for s in streams]
+    del s, streams  # every stream dropped before any of its arrays
     for a in kept:
         np.testing.assert_array_equal(a.numpy(), values.astype(np.float64))
     kept.clear()  # each freed on its dropped stream
     ga.synchronize()
+    assert unraisable == []
     assert ga.memory_stats("cuda")["allocated_bytes"] == before
+    # released streams are handed out again, the last released first
+    again = ga.Stream(priority=-1)
+    assert again.handle == handles[-1]
 
 
 def test_device_properties_and_build_for_this_gpu():

@@ -287,7 +287,7 @@ def test_ctrl_c_while_waiting_stops_cleanly(rng):
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
     loader.close()
-    assert native_threads() == threads
+    assert native_threads() <= threads  # a thread of an earlier test may have ended meanwhile
 
 
 def test_nothing_left_behind_after_100_short_iterations(rng, tmp_path):
@@ -301,12 +301,12 @@ def test_nothing_left_behind_after_100_short_iterations(rng, tmp_path):
             if k == i % 5:
                 break  # leave mid-epoch
         del batch
-    assert native_threads() == threads
+    assert native_threads() <= threads  # a thread of an earlier test may have ended meanwhile
     assert open_fds() == fds
     assert ga.memory_stats("cpu")["allocated_bytes"] == mem
     with loader:
         next(iter(loader))
-    assert native_threads() == threads
+    assert native_threads() <= threads  # a thread of an earlier test may have ended meanwhile
 
 
 def test_len_stats_and_repr(rng):
