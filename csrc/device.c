@@ -692,33 +692,33 @@ PyType_Spec ga_stream_spec = {
     .slots = Stream_slots,
 };
 
-int ga_current_stream(ga_state *st, int device, ga_stream *out)
+/* gpuaccel's current stream of `device` into *out: 1 when a Stream is made
+ * current (`with stream:`) for that device, 0 when none is (*out is the
+ * legacy default stream), -1 on error. */
+static int current_stream(ga_state *st, int device, ga_stream *out)
 {
     PyObject *value = NULL;
     if (PyContextVar_Get(st->current_stream, NULL, &value) < 0)
         return -1;
     *out = GA_STREAM_LEGACY;
-    if (value) {
-        StreamObject *s = (StreamObject *)value;
-        if (s->device == device)
-            *out = s->handle;
-        Py_DECREF(value);
-    }
-    return 0;
+    int set = value && ((StreamObject *)value)->device == device;
+    if (set)
+        *out = ((StreamObject *)value)->handle;
+    Py_XDECREF(value);
+    return set;
+}
+
+int ga_current_stream(ga_state *st, int device, ga_stream *out)
+{
+    return current_stream(st, device, out) < 0 ? -1 : 0;
 }
 
 int ga_op_default_stream(ga_state *st, int device, int follow_torch, ga_stream *out)
 {
-    PyObject *value = NULL;
-    if (PyContextVar_Get(st->current_stream, NULL, &value) < 0)
-        return -1;
-    int ours = value && ((StreamObject *)value)->device == device;
-    Py_XDECREF(value);
-    if (ours || !follow_torch)
-        return ga_current_stream(st, device, out);
+    int set = current_stream(st, device, out);
+    if (set != 0 || !follow_torch || !st->torch_raw_stream)
+        return set < 0 ? -1 : 0;
     /* torch is loaded (the operand is a CUDA torch tensor) */
-    if (!st->torch_raw_stream)
-        return ga_current_stream(st, device, out);
     PyObject *r = PyObject_CallFunction(st->torch_raw_stream, "i", device);
     if (!r)
         return -1;

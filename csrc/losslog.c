@@ -774,10 +774,14 @@ static PyObject *Logger_log(LoggerObject *lg, PyObject *const *args, Py_ssize_t 
     }
     int capturing = 0;
     ga_stream s = NULL;
-    if (cuda.n) {
-        if (value_stream(st, lg, cuda_device, &s) < 0)
+    if (cuda.n || lg->device_state) {
+        /* also for host values alone: refused below while the stream is
+         * capturing (and pending windows are not queried then) */
+        if (value_stream(st, lg, cuda.n ? cuda_device : lg->device, &s) < 0)
             return NULL;
         GA_CHECK(st, ga_cuda_stream_capturing(s, &capturing));
+    }
+    if (cuda.n) {
         if (capturing && !lg->device_state) {
             /* allocated now, the logger's counters would be memory of the
              * graph, zeroed again by every replay */
@@ -794,13 +798,6 @@ static PyObject *Logger_log(LoggerObject *lg, PyObject *const *args, Py_ssize_t 
             GA_CHECK(st, ga_cuda_stream_wait_stream(lg->device, s, lg->last_stream));
             lg->last_stream = s;
         }
-    } else if (lg->device_state) {
-        /* host values only: refused below while the stream is capturing (and
-         * pending windows are not queried then) */
-        ga_stream cur;
-        if (value_stream(st, lg, lg->device, &cur) < 0)
-            return NULL;
-        GA_CHECK(st, ga_cuda_stream_capturing(cur, &capturing));
     }
     /* windows that completed are handed to on_log; not while capturing,
      * where querying their events would invalidate the capture */
@@ -828,7 +825,7 @@ static PyObject *Logger_log(LoggerObject *lg, PyObject *const *args, Py_ssize_t 
         cuda.capacity = lg->capacity;
         cuda.max_metrics = lg->max_metrics;
         cuda.step = 0;
-        if (update_on_device(st, lg, &cuda, s, capturing, cuda_arrays, narrays) < 0)
+        if (update_on_device(st, lg, &cuda, s, 1, cuda_arrays, narrays) < 0)
             return NULL;
         if (!lg->graph_mode) /* graph steps are read back from the open eager window on */
             lg->graph_read = lg->window_start - 1;
@@ -852,7 +849,7 @@ static PyObject *Logger_log(LoggerObject *lg, PyObject *const *args, Py_ssize_t 
         cuda.capacity = lg->capacity;
         cuda.max_metrics = lg->max_metrics;
         cuda.step = step;
-        if (update_on_device(st, lg, &cuda, s, capturing, cuda_arrays, narrays) < 0)
+        if (update_on_device(st, lg, &cuda, s, 0, cuda_arrays, narrays) < 0)
             return NULL;
     }
     if (step - lg->window_start + 1 >= lg->every) {

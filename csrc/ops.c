@@ -253,7 +253,7 @@ static int element_strides_ok(ArrayObject *a)
 }
 
 /* An operand the backend can describe: element strides (a copy otherwise).
- * `sobj` (from op_stream_object) is the op's stream: helper copies run on it. */
+ * `sobj` (from op_stream) is the op's stream: helper copies run on it. */
 static ArrayObject *describable(ga_state *st, ArrayObject *a, PyObject *sobj)
 {
     if (element_strides_ok(a))
@@ -336,32 +336,25 @@ static int run_matmul(ga_state *st, ga_matmul_desc *desc, ga_device device, ga_s
     return 0;
 }
 
-/* The stream an op runs on: `stream=` when given, else the default for
- * its leading operand (torch's current stream for a torch tensor). */
-static ga_stream op_stream(ga_state *st, const ArrayObject *lead, PyObject *stream_obj,
-                           int *fail)
+/* The stream an op runs on, into *s: `stream=` when given, else the default
+ * for its leading operand (torch's current stream for a torch tensor).
+ * Returns it as an object too (a new reference; None for a CPU op), for
+ * the helpers that take one (ga_copy_into, ga_array_copy_to), so that their
+ * copies queue on the very stream the op runs on; NULL on failure. */
+static PyObject *op_stream(ga_state *st, const ArrayObject *lead, PyObject *stream_obj,
+                           ga_stream *s)
 {
-    ga_stream s = NULL;
-    *fail = 0;
+    *s = NULL;
     if (lead->device.type != GA_DEVICE_CUDA)
-        return s;
+        return Py_NewRef(Py_None);
     int device = lead->device.index;
     int from_torch = lead->base && ga_is_torch_tensor(st, lead->base);
     if (ga_ensure_cuda_device(st, device) < 0 ||
         (stream_obj == NULL || stream_obj == Py_None
-             ? ga_op_default_stream(st, device, from_torch, &s)
-             : ga_stream_from_object(st, stream_obj, device, &s, "stream")) < 0)
-        *fail = 1;
-    return s;
-}
-
-/* The op's stream as an object for the helpers that take one (ga_copy_into,
- * ga_array_copy_to): the resolved handle, so that their copies queue on the
- * very stream the op runs on. */
-static PyObject *op_stream_object(const ArrayObject *lead, ga_stream s)
-{
-    return lead->device.type == GA_DEVICE_CUDA ? PyLong_FromVoidPtr((void *)s)
-                                               : Py_NewRef(Py_None);
+             ? ga_op_default_stream(st, device, from_torch, s)
+             : ga_stream_from_object(st, stream_obj, device, s, "stream")) < 0)
+        return NULL;
+    return PyLong_FromVoidPtr((void *)*s);
 }
 
 /* Leading dims of `a` before the last `keep` as one dimension, when their
@@ -509,9 +502,8 @@ PyObject *ga_py_matmul(PyObject *module, PyObject *const *args, Py_ssize_t nargs
                      (long long)N, bias->ndim);
         goto done;
     }
-    int fail;
-    ga_stream s = op_stream(st, a, v[6], &fail);
-    if (fail || !(sobj = op_stream_object(a, s)))
+    ga_stream s;
+    if (!(sobj = op_stream(st, a, v[6], &s)))
         goto done;
     /* the result: batch dims, then (M, N), minus the vector dims */
     int64_t out_shape[GA_MAX_NDIM + 2];
@@ -690,9 +682,8 @@ PyObject *ga_py_linear(PyObject *module, PyObject *const *args, Py_ssize_t nargs
         PyErr_Format(PyExc_ValueError, "linear: bias must have shape (%lld,)", (long long)N);
         goto done;
     }
-    int fail;
-    ga_stream s = op_stream(st, x, v[6], &fail);
-    if (fail || !(sobj = op_stream_object(x, s)) || dense_bias(st, &bias, sobj) < 0)
+    ga_stream s;
+    if (!(sobj = op_stream(st, x, v[6], &s)) || dense_bias(st, &bias, sobj) < 0)
         goto done;
     int64_t shape[GA_MAX_NDIM];
     memcpy(shape, x->shape, (size_t)x->ndim * 8);
@@ -786,7 +777,7 @@ static ArrayObject *empty_like(ga_state *st, const ArrayObject *a, const ga_stre
     int64_t item = (int64_t)ga_dtype_itemsize(a->dtype);
     for (int d = 0; d < n; d++)
         order[d] = d;
-    /* dims by decreasing stride (stable: size-1 dims keep their place) */
+    /* dims by decreasing stride (stable: equal strides keep their order) */
     for (int i = 1; i < n; i++)
         for (int j = i; j > 0 && a->strides[order[j]] > a->strides[order[j - 1]]; j--) {
             int t = order[j];
@@ -943,9 +934,8 @@ PyObject *ga_py_linear_backward(PyObject *module, PyObject *const *args, Py_ssiz
                      ga_dtype_name(x->dtype));
         goto done;
     }
-    int fail;
-    ga_stream s = op_stream(st, x, v[8], &fail);
-    if (fail || !(sobj = op_stream_object(x, s)))
+    ga_stream s;
+    if (!(sobj = op_stream(st, x, v[8], &s)))
         goto done;
     const ga_stream *sp = x->device.type == GA_DEVICE_CUDA ? &s : NULL;
     int64_t N = w->shape[0], K = w->shape[1];
@@ -1333,9 +1323,8 @@ PyObject *ga_py_conv2d(PyObject *module, PyObject *const *args, Py_ssize_t nargs
                      ga_dtype_name(x->dtype));
         goto done;
     }
-    int fail;
-    ga_stream s = op_stream(st, x, v[11], &fail);
-    if (fail || !(sobj = op_stream_object(x, s)))
+    ga_stream s;
+    if (!(sobj = op_stream(st, x, v[11], &s)))
         goto done;
     if (!(xv = describable(st, x, sobj)) || !(wv = describable(st, w, sobj)))
         goto done;
@@ -1476,9 +1465,8 @@ PyObject *ga_py_conv2d_backward(PyObject *module, PyObject *const *args, Py_ssiz
                      ga_dtype_name(x->dtype));
         goto done;
     }
-    int fail;
-    ga_stream s = op_stream(st, x, v[14], &fail);
-    if (fail || !(sobj = op_stream_object(x, s)))
+    ga_stream s;
+    if (!(sobj = op_stream(st, x, v[14], &s)))
         goto done;
     if (!(xv = describable(st, x, sobj)) || !(wv = describable(st, w, sobj)) ||
         !(gyv = describable(st, gy, sobj)))
