@@ -12,6 +12,9 @@ import gpuaccel
 ALL_DTYPES = list(gpuaccel.DTYPES)
 FLOAT_DTYPES = ["float16", "bfloat16", "float32", "float64"]
 INT_DTYPES = ["uint8", "int8", "int16", "int32", "int64"]
+# ~0.5 s of GPU time at H100 clocks, for torch.cuda._sleep (it spins for cycles):
+# long enough that work queued behind it is visibly still pending
+LONG_SLEEP_CYCLES = 1_000_000_000
 
 # tolerances of the form atol + rtol * |reference|, per dtype
 TOLERANCE = {

@@ -7,15 +7,14 @@ import time
 
 import numpy as np
 import pytest
-from helpers import ALL_DTYPES, INT_DTYPES, SyntheticTensor, random_strided_view, random_values
+from helpers import (ALL_DTYPES, INT_DTYPES, LONG_SLEEP_CYCLES, SyntheticTensor, random_strided_view,
+                     random_values)
 
 import gpuaccel as ga
 
 pytestmark = pytest.mark.cuda
 torch = pytest.importorskip("torch")
 
-# ~0.5 s of GPU time at H100 clocks (torch.cuda._sleep spins for cycles)
-LONG_SLEEP_CYCLES = 1_000_000_000
 
 
 def gpu_busy():
@@ -322,7 +321,6 @@ def test_arrays_outlive_the_stream_they_were_made_on(rng, monkeypatch):
     for s in streams:
         with s:
             kept.append(ga.asarray(values, device="cuda").astype("float64"))
-    handles = [s.handle for s in streams]
     del s, streams  # every stream dropped before any of its arrays
     for a in kept:
         np.testing.assert_array_equal(a.numpy(), values.astype(np.float64))
@@ -331,8 +329,10 @@ def test_arrays_outlive_the_stream_they_were_made_on(rng, monkeypatch):
     assert unraisable == []
     assert ga.memory_stats("cuda")["allocated_bytes"] == before
     # released streams are handed out again, the last released first
-    again = ga.Stream(priority=-1)
-    assert again.handle == handles[-1]
+    last = ga.Stream(priority=-1)
+    handle = last.handle
+    del last
+    assert ga.Stream(priority=-1).handle == handle
 
 
 def test_device_properties_and_build_for_this_gpu():

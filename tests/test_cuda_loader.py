@@ -6,13 +6,12 @@ import time
 
 import numpy as np
 import pytest
+from helpers import LONG_SLEEP_CYCLES
 
 import gpuaccel as ga
 
 pytestmark = pytest.mark.cuda
 torch = pytest.importorskip("torch")
-
-LONG_SLEEP_CYCLES = 1_000_000_000
 
 
 def data(rng, n=600, image=(32, 32, 3)):

@@ -5,13 +5,12 @@ import time
 
 import numpy as np
 import pytest
+from helpers import LONG_SLEEP_CYCLES
 
 import gpuaccel as ga
 
 pytestmark = pytest.mark.cuda
 torch = pytest.importorskip("torch")
-
-LONG_SLEEP_CYCLES = 1_000_000_000
 
 
 def test_log_returns_while_the_gpu_is_busy_and_values_arrive_later():

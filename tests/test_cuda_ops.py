@@ -4,13 +4,12 @@ test_conv.py) and against torch on the GPU."""
 
 import numpy as np
 import pytest
-from helpers import FLOAT_DTYPES
+from helpers import FLOAT_DTYPES, LONG_SLEEP_CYCLES
 
 import gpuaccel as ga
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
-LONG_SLEEP = 1_000_000_000  # ~0.5 s of GPU time at H100 clocks (torch.cuda._sleep spins cycles)
 
 pytestmark = pytest.mark.cuda
 
@@ -186,7 +185,7 @@ def test_raw_ops_on_torch_tensors_follow_torchs_current_stream():
     values = torch.randn(33, 129, device="cuda")
     side.wait_stream(torch.cuda.current_stream())  # values and w are written
     with torch.cuda.stream(side):
-        torch.cuda._sleep(LONG_SLEEP)
+        torch.cuda._sleep(LONG_SLEEP_CYCLES)
         x.copy_(values)
         y = torch.empty(33, 65, device="cuda")
         ga.linear(x, w, out=y)
