@@ -5,7 +5,9 @@
  * Safety across streams: a block remembers, for every stream other than its
  * allocation stream that used it, an event recorded after that use.  A
  * device block is freed on its allocation stream after that stream has
- * waited on those events (GPU-side waits; the host never blocks).  A pinned
+ * waited on those events (GPU-side waits; the host never blocks); a stream
+ * is named by device, handle and — for the per-thread default stream, a
+ * different stream in each thread — thread (see home_stream).  A pinned
  * block goes back to the pool with its events and is handed out again only
  * once they have completed.
  */
@@ -112,10 +114,64 @@ static void event_put(int device, ga_event ev)
     s->items[s->count++] = ev;
 }
 
+/* ------------------------------------------------------- naming streams */
+
+/* A token for the calling thread: never 0, never reused. */
+static uint64_t thread_token(void)
+{
+    static uint64_t next_token = 1;
+    static __thread uint64_t token;
+    if (!token)
+        token = __atomic_fetch_add(&next_token, 1, __ATOMIC_RELAXED);
+    return token;
+}
+
+/* Handle 2 names the calling thread's per-thread default stream: a
+ * different stream in each thread.  Other handles name one stream each
+ * (0 and 1 both the legacy default stream) per device. */
+static uint64_t stream_thread(ga_stream stream)
+{
+    return stream == GA_STREAM_PER_THREAD ? thread_token() : 0;
+}
+
 static int same_stream(ga_stream a, ga_stream b)
 {
     uintptr_t x = (uintptr_t)a ? (uintptr_t)a : 1, y = (uintptr_t)b ? (uintptr_t)b : 1;
     return x == y;
+}
+
+/* The stream, named from the calling thread, that a device block's free is
+ * queued on: its allocation stream — except another thread's per-thread
+ * default stream, which cannot be named here; the legacy default stream
+ * stands in for it, as every operation on it waits for all work queued
+ * before on every blocking stream, per-thread ones included (and later
+ * work on those waits for it). */
+static ga_stream home_stream(const ga_block *b)
+{
+    if (b->stream == GA_STREAM_PER_THREAD && b->owner != thread_token())
+        return GA_STREAM_LEGACY;
+    return b->stream;
+}
+
+/* Whether work queued on `stream` of `device` by the calling thread is
+ * already ordered after the block's allocation and before its free. */
+static int on_home_stream(const ga_block *b, int device, ga_stream stream)
+{
+    if (device != b->device || !same_stream(stream, b->stream))
+        return 0;
+    return stream != GA_STREAM_PER_THREAD || b->owner == thread_token();
+}
+
+/* Index of the recorded use by `stream` of `device` (from this thread),
+ * or -1. */
+static int find_use(const ga_block *b, int device, ga_stream stream)
+{
+    uint64_t thread = stream_thread(stream);
+    for (int k = 0; k < b->n_uses; k++)
+        if (same_stream(b->use_streams[k], stream) && b->use_devices[k] == device &&
+            b->use_threads[k] == thread)
+            return k;
+    return -1;
 }
 
 /* ------------------------------------------------------------ counters */
@@ -317,6 +373,7 @@ static ga_status alloc_device(ga_block *b, int device, size_t size, ga_stream st
     b->ptr = ptr;
     b->capacity = size;
     b->stream = stream;
+    b->owner = stream_thread(stream);
     count_alloc(c, size);
     return ga_ok();
 }
@@ -372,25 +429,23 @@ ga_status ga_block_set_ready(ga_block *b, ga_stream stream)
     return status;
 }
 
-/* Makes `stream` wait for the point where the block's memory became valid:
- * its ready event when the producer set one, else the allocation stream.
- * Called with alloc_lock held. */
-static ga_status wait_until_valid(ga_block *b, ga_stream stream)
+/* Makes `stream` (of `device`) wait for the point where the block's memory
+ * became valid: its ready event when the producer set one, else the
+ * allocation stream.  Called with alloc_lock held. */
+static ga_status wait_until_valid(ga_block *b, int device, ga_stream stream)
 {
     if (b->ready)
-        return ga_cuda_stream_wait_event(b->device, stream, b->ready);
-    return ga_cuda_stream_wait_stream(b->device, stream, b->stream);
+        return ga_cuda_stream_wait_event(device, stream, b->ready);
+    return ga_cuda_stream_wait_stream(device, stream, b->device, home_stream(b));
 }
 
 int ga_block_prepare_use(ga_state *st, ga_block *b, int device, ga_stream stream)
 {
-    if (!b || b->kind != GA_MEM_DEVICE || !b->ptr || same_stream(stream, b->stream))
+    if (!b || b->kind != GA_MEM_DEVICE || !b->ptr || on_home_stream(b, device, stream))
         return 0;
     alloc_lock_acquire();
-    int known = 0;
-    for (int k = 0; k < b->n_uses; k++)
-        known |= same_stream(b->use_streams[k], stream) && b->use_devices[k] == device;
-    ga_status status = known ? ga_ok() : wait_until_valid(b, stream);
+    int known = find_use(b, device, stream) >= 0;
+    ga_status status = known ? ga_ok() : wait_until_valid(b, device, stream);
     pthread_mutex_unlock(&alloc_lock);
     return status.error ? ga_raise(st, status) : 0;
 }
@@ -399,24 +454,21 @@ ga_status ga_block_record_use_status(ga_block *b, int device, ga_stream stream)
 {
     if (!b || b->kind == GA_MEM_HOST || !b->ptr)
         return ga_ok();
-    if (b->kind == GA_MEM_DEVICE && same_stream(stream, b->stream))
+    if (b->kind == GA_MEM_DEVICE && on_home_stream(b, device, stream))
         return ga_ok();
     if (device < 0 || device >= GA_MAX_DEVICES)
         return ga_ok();
     ga_status status = ga_ok();
     alloc_lock_acquire();
-    int k;
-    for (k = 0; k < b->n_uses; k++)
-        if (same_stream(b->use_streams[k], stream) && b->use_devices[k] == device)
-            break;
-    if (k == b->n_uses) {
+    int k = find_use(b, device, stream);
+    if (k < 0) {
         if (b->n_uses == GA_BLOCK_MAX_USES) {
             /* Out of slots: settle the oldest use now.  A device block's
              * allocation stream waits for it on the GPU; a pinned block
              * (no stream of its own) waits on the host, which only happens
              * past four concurrent streams. */
             status = b->kind == GA_MEM_DEVICE
-                         ? ga_cuda_stream_wait_event(b->device, b->stream, b->use_events[0])
+                         ? ga_cuda_stream_wait_event(b->device, home_stream(b), b->use_events[0])
                          : ga_cuda_event_synchronize(b->use_devices[0], b->use_events[0]);
             if (status.error)
                 goto done;
@@ -427,14 +479,17 @@ ga_status ga_block_record_use_status(ga_block *b, int device, ga_stream stream)
                     (GA_BLOCK_MAX_USES - 1) * sizeof b->use_events[0]);
             memmove(&b->use_devices[0], &b->use_devices[1],
                     (GA_BLOCK_MAX_USES - 1) * sizeof b->use_devices[0]);
+            memmove(&b->use_threads[0], &b->use_threads[1],
+                    (GA_BLOCK_MAX_USES - 1) * sizeof b->use_threads[0]);
             b->n_uses--;
-            k = b->n_uses;
         }
+        k = b->n_uses;
         status = event_get(device, &b->use_events[k]);
         if (status.error)
             goto done;
         b->use_streams[k] = stream;
         b->use_devices[k] = device;
+        b->use_threads[k] = stream_thread(stream);
         b->n_uses++;
     }
     /* re-recording captures all work queued so far on that stream */
@@ -456,9 +511,10 @@ ga_status ga_block_wait_all(ga_block *b, int device, ga_stream stream)
     if (!b || b->kind != GA_MEM_DEVICE || !b->ptr)
         return status;
     alloc_lock_acquire();
-    status = wait_until_valid(b, stream);
+    status = wait_until_valid(b, device, stream);
+    int own = find_use(b, device, stream);
     for (int k = 0; k < b->n_uses && !status.error; k++)
-        if (!same_stream(b->use_streams[k], stream) || b->use_devices[k] != device)
+        if (k != own)
             status = ga_cuda_stream_wait_event(device, stream, b->use_events[k]);
     pthread_mutex_unlock(&alloc_lock);
     return status;
@@ -518,13 +574,15 @@ void ga_block_free(ga_block *b)
             event_put(b->device, b->ready);
             b->ready = NULL;
         }
-        for (int k = 0; k < b->n_uses && !status.error; k++) {
-            status = ga_cuda_stream_wait_event(b->device, b->stream, b->use_events[k]);
+        ga_stream home = home_stream(b);
+        for (int k = 0; k < b->n_uses; k++) {
+            if (!status.error)
+                status = ga_cuda_stream_wait_event(b->device, home, b->use_events[k]);
             event_put(b->use_devices[k], b->use_events[k]);
         }
         b->n_uses = 0;
         if (!status.error)
-            status = ga_cuda_free_async(b->device, b->ptr, b->stream);
+            status = ga_cuda_free_async(b->device, b->ptr, home);
         count_free(&device_counters[b->device], b->capacity);
         break;
     }

@@ -25,12 +25,17 @@ typedef struct {
     size_t size;       /* bytes asked for */
     size_t capacity;   /* bytes reserved (the pinned size class) */
     ga_stream stream;  /* DEVICE: the allocation stream */
+    /* DEVICE on the per-thread default stream: the allocating thread (each
+     * thread's handle 2 names a different stream) */
+    uint64_t owner;
     /* other streams the block was used on, each with an event recorded
-     * after that use (see ga_block_record_use) */
+     * after that use (see ga_block_record_use); a stream is named by its
+     * device, its handle and, for handle 2, its thread */
     int n_uses;
     ga_stream use_streams[GA_BLOCK_MAX_USES];
     ga_event use_events[GA_BLOCK_MAX_USES];
     int use_devices[GA_BLOCK_MAX_USES];
+    uint64_t use_threads[GA_BLOCK_MAX_USES];
     /* DEVICE: recorded where the contents became valid, when the producer
      * knows that point better than "the allocation stream's tail" (the
      * loader's copy stream holds later batches too); NULL otherwise */

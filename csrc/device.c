@@ -522,7 +522,8 @@ static PyObject *Stream_wait_stream(StreamObject *self, PyObject *other)
         return NULL;
     }
     StreamObject *producer = (StreamObject *)other;
-    GA_CHECK(st, ga_cuda_stream_wait_stream(producer->device, self->handle, producer->handle));
+    GA_CHECK(st, ga_cuda_stream_wait_stream(self->device, self->handle, producer->device,
+                                            producer->handle));
     Py_RETURN_NONE;
 error:
     return NULL;

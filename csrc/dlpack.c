@@ -315,7 +315,7 @@ PyObject *ga_array_dlpack(ArrayObject *self, PyObject *const *args, Py_ssize_t n
             ga_stream producer;
             if (ga_current_stream(st, ctx->device, &producer) < 0)
                 goto error;
-            GA_CHECK(st, ga_cuda_stream_wait_stream(ctx->device, consumer, producer));
+            GA_CHECK(st, ga_cuda_stream_wait_stream(ctx->device, consumer, ctx->device, producer));
             GA_CHECK(st, ga_block_wait_all(x->block, ctx->device, consumer));
             ctx->has_consumer_stream = 1;
             ctx->consumer_stream = consumer;
@@ -843,7 +843,7 @@ ArrayObject *ga_from_cuda_array_interface(ga_state *st, PyObject *obj, PyObject 
         ga_stream ours;
         if (ga_current_stream(st, device, &ours) < 0)
             return NULL;
-        GA_CHECK(st, ga_cuda_stream_wait_stream(device, ours, (ga_stream)(uintptr_t)s));
+        GA_CHECK(st, ga_cuda_stream_wait_stream(device, ours, device, (ga_stream)(uintptr_t)s));
     }
     ga_device where = {GA_DEVICE_CUDA, device};
     return ga_array_wrap(st, ptr, dtype, ndim, shape, nstrides ? strides : NULL, where,

@@ -795,7 +795,7 @@ static PyObject *Logger_log(LoggerObject *lg, PyObject *const *args, Py_ssize_t 
             return NULL;
         if (s != lg->last_stream && !capturing) {
             /* the state was last updated on another stream: keep updates in order */
-            GA_CHECK(st, ga_cuda_stream_wait_stream(lg->device, s, lg->last_stream));
+            GA_CHECK(st, ga_cuda_stream_wait_stream(lg->device, s, lg->device, lg->last_stream));
             lg->last_stream = s;
         }
     }

@@ -197,7 +197,7 @@ static int copy_device_to_device(ga_state *st, ArrayObject *dst, ArrayObject *sr
             goto done;
         target = &dst_tmp.t;
     }
-    GA_CHECK(st, ga_cuda_stream_wait_stream(sdev, dst_stream, src_stream));
+    GA_CHECK(st, ga_cuda_stream_wait_stream(ddev, dst_stream, sdev, src_stream));
     GA_CHECK(st, ga_cuda_memcpy_async(ddev, target->data, source->data,
                                       (size_t)tensor_nbytes(target), dst_stream));
     if (target != &d)

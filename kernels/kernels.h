@@ -203,9 +203,13 @@ ga_status ga_cuda_stream_synchronize(int device, ga_stream stream);
 ga_status ga_cuda_stream_query(int device, ga_stream stream, int *done);
 ga_status ga_cuda_stream_device(ga_stream stream, int *device);
 ga_status ga_cuda_stream_wait_event(int device, ga_stream stream, ga_event event);
-/* Make `consumer` wait for the work queued so far on `producer` (an event
- * recorded on one, waited on by the other); never blocks the host. */
-ga_status ga_cuda_stream_wait_stream(int device, ga_stream consumer, ga_stream producer);
+/* Make `consumer` (a stream of `consumer_device`) wait for the work queued
+ * so far on `producer` (of `producer_device`): an event recorded on one,
+ * waited on by the other; never blocks the host.  `device` of
+ * ga_cuda_stream_wait_event is the stream's; its event may be any
+ * device's. */
+ga_status ga_cuda_stream_wait_stream(int consumer_device, ga_stream consumer,
+                                     int producer_device, ga_stream producer);
 
 ga_status ga_cuda_event_create(int device, int timing, ga_event *out);
 ga_status ga_cuda_event_destroy(int device, ga_event event);

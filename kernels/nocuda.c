@@ -84,9 +84,10 @@ ga_status ga_cuda_stream_wait_event(int device, ga_stream s, ga_event e)
     return GA_NO_CUDA;
 }
 
-ga_status ga_cuda_stream_wait_stream(int device, ga_stream consumer, ga_stream producer)
+ga_status ga_cuda_stream_wait_stream(int consumer_device, ga_stream consumer,
+                                     int producer_device, ga_stream producer)
 {
-    (void)device, (void)consumer, (void)producer;
+    (void)consumer_device, (void)consumer, (void)producer_device, (void)producer;
     return GA_NO_CUDA;
 }
 

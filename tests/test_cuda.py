@@ -120,6 +120,51 @@ def test_peer_copies(rng):
     np.testing.assert_array_equal(a.T.to("cuda:1").astype("float64").numpy(), x.T.astype(np.float64))
 
 
+
+@pytest.mark.skipif(not ga.cuda_available() or ga.device_count() < 2, reason="needs two GPUs")
+def test_peer_copy_from_legacy_streams_waits_for_the_source():
+    # both sides on their device's legacy default stream: two different
+    # streams, so the copy on cuda:1 must wait for the fill queued on cuda:0
+    with torch.cuda.device(0):
+        gpu_busy()  # torch's default stream of cuda:0 is the legacy one
+    a = ga.full((1 << 22,), 1.0, device="cuda:0")  # queued behind the sleep
+    b = a.to("cuda:1")
+    del a  # the copy on cuda:1 still reads it: freeing must wait for that
+    with ga.Stream(device="cuda:0"):
+        c = ga.full((1 << 22,), 7.0, device="cuda:0")  # may reuse a's memory
+    assert b.numpy().min() == 1.0 and b.numpy().max() == 1.0
+    del c
+
+
+def test_per_thread_stream_arrays_dropped_in_another_thread():
+    # each thread's handle 2 is its own stream: an array made on thread A's
+    # per-thread stream and dropped by thread B must be freed after A's work
+    import threading
+
+    made = {}
+
+    def producer():
+        with ga.Stream.from_handle(2):
+            a = ga.full((1 << 22,), 1.0, device="cuda")
+            with torch.cuda.stream(torch.cuda.ExternalStream(2)):
+                gpu_busy()  # on this thread's per-thread stream
+            out = ga.empty(a.shape, device="cuda")
+            out[...] = a  # reads a after the sleep
+        made["a"], made["out"] = a, out
+
+    t = threading.Thread(target=producer)
+    t.start()
+    t.join()
+    a = made.pop("a")
+    del a  # freed here, by another thread than the one that made it
+    with ga.Stream():
+        b = ga.full((1 << 22,), 5.0, device="cuda")  # may reuse a's memory
+    ga.synchronize()
+    out = made.pop("out")
+    assert out.numpy().min() == 1.0 and out.numpy().max() == 1.0
+    del b, out
+
+
 # ------------------------------------------------------------ torch / CuPy
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES)

@@ -238,18 +238,32 @@ static int same_stream(ga_stream a, ga_stream b)
     return x == y;
 }
 
-extern "C" ga_status ga_cuda_stream_wait_stream(int device, ga_stream consumer, ga_stream producer)
+/* Records this thread's scratch event of `device` on `stream` (of it). */
+static ga_status record_scratch(int device, ga_stream stream, cudaEvent_t *out)
 {
-    if (same_stream(consumer, producer))
-        return ga_ok();
-    if (device < 0 || device >= GA_MAX_DEVICES)
-        return GA_STATUS(GA_ERR_INVALID_VALUE, "device ordinal out of range");
     GA_WITH_DEVICE(device);
     cudaEvent_t *ev = &scratch_events[device];
     if (!*ev)
         GA_CUDA_TRY(cudaEventCreateWithFlags(ev, cudaEventDisableTiming));
-    GA_CUDA_TRY(cudaEventRecord(*ev, ga_cu_stream(producer)));
-    GA_CUDA_TRY(cudaStreamWaitEvent(ga_cu_stream(consumer), *ev, 0));
+    GA_CUDA_TRY(cudaEventRecord(*ev, ga_cu_stream(stream)));
+    *out = *ev;
+    return ga_ok();
+}
+
+extern "C" ga_status ga_cuda_stream_wait_stream(int consumer_device, ga_stream consumer,
+                                                int producer_device, ga_stream producer)
+{
+    if (consumer_device == producer_device && same_stream(consumer, producer))
+        return ga_ok();
+    if (consumer_device < 0 || consumer_device >= GA_MAX_DEVICES || producer_device < 0 ||
+        producer_device >= GA_MAX_DEVICES)
+        return GA_STATUS(GA_ERR_INVALID_VALUE, "device ordinal out of range");
+    /* the special handles (0, 1, 2) name a stream of the current device:
+     * each side is named with its own device current */
+    cudaEvent_t ev;
+    GA_TRY_STATUS(record_scratch(producer_device, producer, &ev));
+    GA_WITH_DEVICE(consumer_device);
+    GA_CUDA_TRY(cudaStreamWaitEvent(ga_cu_stream(consumer), ev, 0));
     return ga_ok();
 }
 
