@@ -11,6 +11,8 @@ Environment:
                        PTX is embedded for the newest
   GPUACCEL_NO_CUDA=1   build without CUDA
   GPUACCEL_SANITIZE=1  build the C code with AddressSanitizer + UBSan
+  GPUACCEL_SIM=1       test build: no CUDA, a simulated runtime that checks
+                       stream ordering instead (kernels/sim.c)
   GPUACCEL_JOBS        parallel compile jobs (default: the CPU count)
   CUDNN_HOME           where cuDNN is, when not beside the CUDA toolkit
 """
@@ -116,6 +118,9 @@ class CudaConfig:
         if os.environ.get("GPUACCEL_NO_CUDA") == "1":
             self.reason = "GPUACCEL_NO_CUDA=1"
             return
+        if os.environ.get("GPUACCEL_SIM") == "1":
+            self.reason = "GPUACCEL_SIM=1 (simulated CUDA runtime, a test build)"
+            return
         self.nvcc = _find_nvcc()
         if not self.nvcc:
             self.reason = "no nvcc found (set CUDA_HOME or put nvcc on PATH)"
@@ -198,7 +203,10 @@ class BuildExt(build_ext):
         else:
             _say("building CPU-only: %s" % cuda.reason)
 
+        sim = not cuda.enabled and os.environ.get("GPUACCEL_SIM") == "1"
         c_sources = list(ext.sources) + ([] if cuda.enabled else [_rel("kernels", "nocuda.c")])
+        if sim:
+            c_sources.append(_rel("kernels", "sim.c"))
         include_dirs = [ROOT, numpy.get_include()] + list(ext.include_dirs)
         cflags = ["-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers",
                   "-fvisibility=hidden", "-pthread"]
@@ -211,6 +219,8 @@ class BuildExt(build_ext):
         else:
             cflags += ["-O3"]
         macros = [("GPUACCEL_WITH_CUDA", "1")] if cuda.enabled else []
+        if sim:
+            macros.append(("GPUACCEL_SIM", "1"))
 
         build_temp = os.path.abspath(self.build_temp)
         os.makedirs(build_temp, exist_ok=True)

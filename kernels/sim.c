@@ -1,0 +1,673 @@
+/*
+ * sim.c — a simulated CUDA runtime that checks stream ordering (a test
+ * build: GPUACCEL_SIM=1, never a release).
+ *
+ * The CUDA paths of csrc/ (the device pool's cross-stream bookkeeping,
+ * transfers, streams and events, DLPack stream handoff, the loader's copy
+ * stream) decide *when* the GPU may touch memory; on a machine without a
+ * GPU nothing else runs them.  This backend stands in for the runtime:
+ * "device" memory is host memory, every queued operation runs at once (so
+ * results are as if the GPU ran in order), and a vector clock per stream
+ * records what each operation is guaranteed to follow under CUDA's rules:
+ *
+ *   - work on a stream follows earlier work on the same stream, and
+ *     whatever the host had seen finish when it queued the work;
+ *   - cudaStreamWaitEvent: later work follows the event's record;
+ *   - the legacy default stream (handles 0, 1) follows all earlier work of
+ *     the blocking streams of its device (the per-thread default streams,
+ *     handle 2, one per thread), and they follow its earlier work;
+ *   - stream/event synchronize and a successful query: the host has seen
+ *     that work finish.
+ *
+ * Every access to a simulated allocation is checked against those clocks:
+ * use before the allocation is ordered, a read or write not ordered after
+ * the last write, a write or free not ordered after every read, any use of
+ * freed memory.  A violation is a bug in gpuaccel's ordering (or a test
+ * that races on purpose): it is printed and the process aborts, as a
+ * sanitizer with halt_on_error does.  Only copy, fill and memcpy run here;
+ * the library kernels (matmul, conv, ...) report "built without CUDA" from
+ * nocuda.c.
+ *
+ * Environment: GPUACCEL_SIM_DEVICES (default 2) devices of 16 GiB each.
+ */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+
+#define SIM_MAX_STREAMS 512
+#define SIM_MAX_DEVICES 8
+#define SIM_MEMORY ((uint64_t)16 << 30)
+
+enum { SIM_LEGACY, SIM_PER_THREAD, SIM_CREATED };
+
+typedef struct {
+    uint32_t c[SIM_MAX_STREAMS];
+} vclock;
+
+typedef struct sim_stream {
+    int id, device, kind, priority;
+    int released; /* back in the pool: a valid stream, handed out again */
+    vclock vc;
+} sim_stream;
+
+typedef struct sim_event {
+    int recorded, device;
+    vclock vc;
+} sim_event;
+
+typedef struct region {
+    char *ptr;
+    size_t size;
+    int kind; /* 1 pinned, 2 device */
+    int device, freed, written;
+    vclock alloc, last_write, reads;
+    struct region *next;
+} region;
+
+static pthread_mutex_t sim_lock = PTHREAD_MUTEX_INITIALIZER;
+static sim_stream *streams[SIM_MAX_STREAMS];
+static int n_streams;
+static sim_stream *legacy[SIM_MAX_DEVICES];
+static region *regions;
+static uint64_t device_bytes[SIM_MAX_DEVICES], device_peak[SIM_MAX_DEVICES];
+static __thread sim_stream *per_thread[SIM_MAX_DEVICES];
+static __thread vclock host_seen; /* what this host thread has seen finish */
+static __thread int current_device;
+
+#define SIM_STATUS(msg) GA_STATUS(GA_ERR_INVALID_VALUE, "simulated CUDA: " msg)
+
+/* --------------------------------------------------------------- clocks */
+
+static void join(vclock *into, const vclock *other)
+{
+    for (int k = 0; k < n_streams; k++)
+        if (other->c[k] > into->c[k])
+            into->c[k] = other->c[k];
+}
+
+static int ordered_before(const vclock *a, const vclock *b)
+{
+    for (int k = 0; k < n_streams; k++)
+        if (a->c[k] > b->c[k])
+            return 0;
+    return 1;
+}
+
+static void violation(const char *what, const region *r, const sim_stream *s)
+{
+    fprintf(stderr,
+            "gpuaccel simulated CUDA: ordering violation: %s (%s allocation %p of %zu bytes on "
+            "cuda:%d, by stream #%d of cuda:%d)\n",
+            what, r->kind == 2 ? "device" : "pinned", (void *)r->ptr, r->size, r->device,
+            s ? s->id : -1, s ? s->device : -1);
+    fflush(stderr);
+    abort();
+}
+
+/* ------------------------------------------------------------- streams */
+
+static int device_count(void)
+{
+    static int count = -1;
+    if (count < 0) {
+        const char *env = getenv("GPUACCEL_SIM_DEVICES");
+        int n = env ? atoi(env) : 2;
+        count = n < 0 ? 0 : n > SIM_MAX_DEVICES ? SIM_MAX_DEVICES : n;
+    }
+    return count;
+}
+
+static sim_stream *new_stream(int device, int kind, int priority)
+{
+    if (n_streams == SIM_MAX_STREAMS)
+        return NULL;
+    sim_stream *s = calloc(1, sizeof *s);
+    if (!s)
+        return NULL;
+    s->id = n_streams;
+    s->device = device;
+    s->kind = kind;
+    s->priority = priority;
+    streams[n_streams++] = s;
+    return s;
+}
+
+/* The stream a handle names for `device` (special handles: that device's
+ * legacy stream, this thread's per-thread stream).  Called locked. */
+static ga_status resolve(int device, ga_stream handle, sim_stream **out)
+{
+    if (device < 0 || device >= device_count())
+        return SIM_STATUS("device ordinal out of range");
+    uintptr_t h = (uintptr_t)handle;
+    sim_stream **slot = h == 0 || h == 1 ? &legacy[device] : h == 2 ? &per_thread[device] : NULL;
+    if (slot) {
+        if (!*slot && !(*slot = new_stream(device, h == 2 ? SIM_PER_THREAD : SIM_LEGACY, 0)))
+            return SIM_STATUS("too many streams");
+        *out = *slot;
+        return ga_ok();
+    }
+    for (int k = 0; k < n_streams; k++)
+        if (streams[k] == (sim_stream *)handle) {
+            if (streams[k]->device != device)
+                return SIM_STATUS("stream used with another device current");
+            *out = streams[k];
+            return ga_ok();
+        }
+    return SIM_STATUS("not a stream handle");
+}
+
+/* Queues one operation on `s`: its clock says what it follows. */
+static vclock queue_op(sim_stream *s)
+{
+    if (s->kind == SIM_LEGACY) {
+        for (int k = 0; k < n_streams; k++)
+            if (streams[k]->device == s->device && streams[k]->kind == SIM_PER_THREAD)
+                join(&s->vc, &streams[k]->vc);
+    } else if (s->kind == SIM_PER_THREAD && legacy[s->device]) {
+        join(&s->vc, &legacy[s->device]->vc);
+    }
+    join(&s->vc, &host_seen);
+    s->vc.c[s->id]++;
+    return s->vc;
+}
+
+/* -------------------------------------------------------------- memory */
+
+static region *find_region(const void *p)
+{
+    const char *c = (const char *)p;
+    region *freed = NULL;
+    for (region *r = regions; r; r = r->next)
+        if (c >= r->ptr && c < r->ptr + (r->size ? r->size : 1)) {
+            if (!r->freed)
+                return r;
+            if (!freed)
+                freed = r;
+        }
+    return freed;
+}
+
+static void access_region(region *r, const vclock *op, int write, const sim_stream *s)
+{
+    if (r->freed)
+        violation("use of freed memory", r, s);
+    if (!ordered_before(&r->alloc, op))
+        violation("use not ordered after the allocation", r, s);
+    if (r->written && !ordered_before(&r->last_write, op))
+        violation(write ? "write not ordered after the last write"
+                        : "read not ordered after the last write",
+                  r, s);
+    if (write && !ordered_before(&r->reads, op))
+        violation("write not ordered after an earlier read", r, s);
+    if (write) {
+        r->last_write = *op;
+        r->written = 1;
+    } else {
+        join(&r->reads, op);
+    }
+}
+
+static void access_ptr(const void *p, const vclock *op, int write, const sim_stream *s)
+{
+    region *r = p ? find_region(p) : NULL;
+    if (r)
+        access_region(r, op, write, s);
+}
+
+/* Byte address of a tensor's lowest element (what identifies its block). */
+static const void *tensor_base(const ga_tensor *t)
+{
+    const char *p = (const char *)t->data;
+    for (int d = 0; d < t->ndim; d++)
+        if (t->strides[d] < 0 && t->shape[d] > 0)
+            p += t->strides[d] * (t->shape[d] - 1);
+    return p;
+}
+
+static int64_t tensor_size(const ga_tensor *t)
+{
+    int64_t n = 1;
+    for (int d = 0; d < t->ndim; d++)
+        n *= t->shape[d];
+    return n;
+}
+
+/* ------------------------------------------------------ device queries */
+
+ga_status ga_cuda_device_count(int *count)
+{
+    *count = device_count();
+    return *count ? ga_ok() : GA_STATUS(GA_ERR_NO_DEVICE, "simulated CUDA: no devices");
+}
+
+ga_status ga_cuda_device_props(int device, ga_device_props *props)
+{
+    memset(props, 0, sizeof *props);
+    if (device < 0 || device >= device_count())
+        return SIM_STATUS("device ordinal out of range");
+    snprintf(props->name, sizeof props->name, "gpuaccel simulated device %d", device);
+    props->major = 9;
+    props->total_memory = SIM_MEMORY;
+    props->multiprocessors = 132;
+    props->l2_cache_bytes = 50 << 20;
+    props->pci_bus = device;
+    return ga_ok();
+}
+
+ga_status ga_cuda_get_device(int *device)
+{
+    *device = current_device;
+    return ga_ok();
+}
+
+ga_status ga_cuda_versions(ga_cuda_versions_info *info)
+{
+    memset(info, 0, sizeof *info);
+    info->archs = "sim";
+    return ga_ok();
+}
+
+void ga_cuda_library_paths(const char **cublaslt, const char **cudnn)
+{
+    *cublaslt = "";
+    *cudnn = "";
+}
+
+ga_status ga_cuda_mem_info(int device, uint64_t *free_bytes, uint64_t *total_bytes)
+{
+    if (device < 0 || device >= device_count())
+        return SIM_STATUS("device ordinal out of range");
+    pthread_mutex_lock(&sim_lock);
+    *total_bytes = SIM_MEMORY;
+    *free_bytes = SIM_MEMORY - device_bytes[device];
+    pthread_mutex_unlock(&sim_lock);
+    return ga_ok();
+}
+
+ga_status ga_cuda_device_synchronize(int device)
+{
+    if (device < 0 || device >= device_count())
+        return SIM_STATUS("device ordinal out of range");
+    pthread_mutex_lock(&sim_lock);
+    for (int k = 0; k < n_streams; k++)
+        if (streams[k]->device == device)
+            join(&host_seen, &streams[k]->vc);
+    pthread_mutex_unlock(&sim_lock);
+    return ga_ok();
+}
+
+ga_status ga_cuda_thread_init(int device)
+{
+    if (device < 0 || device >= device_count())
+        return SIM_STATUS("device ordinal out of range");
+    current_device = device;
+    return ga_ok();
+}
+
+/* ------------------------------------------------------------- streams */
+
+ga_status ga_cuda_stream_acquire(int device, int priority, ga_stream *out)
+{
+    *out = NULL;
+    if (device < 0 || device >= device_count())
+        return SIM_STATUS("device ordinal out of range");
+    pthread_mutex_lock(&sim_lock);
+    sim_stream *s = NULL;
+    for (int k = n_streams - 1; k >= 0 && !s; k--)
+        if (streams[k]->released && streams[k]->device == device &&
+            streams[k]->priority == priority)
+            s = streams[k];
+    if (s)
+        s->released = 0;
+    else
+        s = new_stream(device, SIM_CREATED, priority);
+    pthread_mutex_unlock(&sim_lock);
+    if (!s)
+        return SIM_STATUS("too many streams");
+    *out = (ga_stream)s;
+    return ga_ok();
+}
+
+void ga_cuda_stream_release(int device, int priority, ga_stream stream)
+{
+    (void)device, (void)priority;
+    pthread_mutex_lock(&sim_lock);
+    ((sim_stream *)stream)->released = 1;
+    pthread_mutex_unlock(&sim_lock);
+}
+
+ga_status ga_cuda_stream_synchronize(int device, ga_stream stream)
+{
+    pthread_mutex_lock(&sim_lock);
+    sim_stream *s = NULL;
+    ga_status status = resolve(device, stream, &s);
+    if (!status.error)
+        join(&host_seen, &s->vc);
+    pthread_mutex_unlock(&sim_lock);
+    return status;
+}
+
+ga_status ga_cuda_stream_query(int device, ga_stream stream, int *done)
+{
+    *done = 1; /* everything has run */
+    return ga_cuda_stream_synchronize(device, stream);
+}
+
+ga_status ga_cuda_stream_device(ga_stream stream, int *device)
+{
+    uintptr_t h = (uintptr_t)stream;
+    if (h <= 2) {
+        *device = current_device;
+        return ga_ok();
+    }
+    pthread_mutex_lock(&sim_lock);
+    *device = -1;
+    for (int k = 0; k < n_streams; k++)
+        if (streams[k] == (sim_stream *)stream)
+            *device = streams[k]->device;
+    pthread_mutex_unlock(&sim_lock);
+    return *device >= 0 ? ga_ok() : SIM_STATUS("not a stream handle");
+}
+
+ga_status ga_cuda_stream_wait_event(int device, ga_stream stream, ga_event event)
+{
+    pthread_mutex_lock(&sim_lock);
+    sim_stream *s = NULL;
+    sim_event *e = (sim_event *)event;
+    ga_status status = resolve(device, stream, &s);
+    if (!status.error && e->recorded)
+        join(&s->vc, &e->vc);
+    pthread_mutex_unlock(&sim_lock);
+    return status;
+}
+
+ga_status ga_cuda_stream_wait_stream(int consumer_device, ga_stream consumer,
+                                     int producer_device, ga_stream producer)
+{
+    pthread_mutex_lock(&sim_lock);
+    sim_stream *c = NULL, *p = NULL;
+    ga_status status = resolve(consumer_device, consumer, &c);
+    if (!status.error)
+        status = resolve(producer_device, producer, &p);
+    if (!status.error && c != p) {
+        vclock v = queue_op(p); /* the event record */
+        join(&c->vc, &v);
+    }
+    pthread_mutex_unlock(&sim_lock);
+    return status;
+}
+
+ga_status ga_cuda_stream_capturing(ga_stream stream, int *capturing)
+{
+    (void)stream;
+    *capturing = 0;
+    return ga_ok();
+}
+
+/* -------------------------------------------------------------- events */
+
+ga_status ga_cuda_event_create(int device, int timing, ga_event *out)
+{
+    (void)timing;
+    *out = NULL;
+    if (device < 0 || device >= device_count())
+        return SIM_STATUS("device ordinal out of range");
+    sim_event *e = calloc(1, sizeof *e);
+    if (!e)
+        return GA_STATUS(GA_ERR_HOST_OUT_OF_MEMORY, "simulated CUDA: no memory for an event");
+    e->device = device;
+    *out = (ga_event)e;
+    return ga_ok();
+}
+
+ga_status ga_cuda_event_destroy(int device, ga_event event)
+{
+    (void)device;
+    free(event);
+    return ga_ok();
+}
+
+ga_status ga_cuda_event_record(int device, ga_event event, ga_stream stream)
+{
+    sim_event *e = (sim_event *)event;
+    if (e->device != device)
+        return SIM_STATUS("event recorded with another device current");
+    pthread_mutex_lock(&sim_lock);
+    sim_stream *s = NULL;
+    ga_status status = resolve(device, stream, &s);
+    if (!status.error) {
+        e->vc = queue_op(s);
+        e->recorded = 1;
+    }
+    pthread_mutex_unlock(&sim_lock);
+    return status;
+}
+
+ga_status ga_cuda_event_synchronize(int device, ga_event event)
+{
+    (void)device;
+    pthread_mutex_lock(&sim_lock);
+    join(&host_seen, &((sim_event *)event)->vc);
+    pthread_mutex_unlock(&sim_lock);
+    return ga_ok();
+}
+
+ga_status ga_cuda_event_query(int device, ga_event event, int *done)
+{
+    *done = 1;
+    return ga_cuda_event_synchronize(device, event);
+}
+
+ga_status ga_cuda_event_elapsed_ms(int device, ga_event start, ga_event end, float *ms)
+{
+    (void)device, (void)start, (void)end;
+    *ms = 0;
+    return ga_ok();
+}
+
+/* -------------------------------------------------------------- memory */
+
+ga_status ga_cuda_malloc_async(int device, size_t size, ga_stream stream, void **out)
+{
+    *out = NULL;
+    if (size == 0)
+        return ga_ok();
+    pthread_mutex_lock(&sim_lock);
+    sim_stream *s = NULL;
+    ga_status status = resolve(device, stream, &s);
+    if (status.error)
+        goto done;
+    if (device_bytes[device] + size > SIM_MEMORY) {
+        status = GA_STATUS(GA_ERR_OUT_OF_MEMORY, "simulated CUDA: out of memory");
+        goto done;
+    }
+    region *r = calloc(1, sizeof *r);
+    char *p = r ? aligned_alloc(256, (size + 255) / 256 * 256) : NULL;
+    if (!p) {
+        free(r);
+        status = GA_STATUS(GA_ERR_OUT_OF_MEMORY, "simulated CUDA: out of host memory");
+        goto done;
+    }
+    r->ptr = p;
+    r->size = size;
+    r->kind = 2;
+    r->device = device;
+    r->alloc = queue_op(s);
+    r->next = regions;
+    regions = r;
+    device_bytes[device] += size;
+    if (device_bytes[device] > device_peak[device])
+        device_peak[device] = device_bytes[device];
+    *out = p;
+done:
+    pthread_mutex_unlock(&sim_lock);
+    return status;
+}
+
+/* Freed regions stay listed (and their memory kept) so that a late use is
+ * caught as such; the oldest are dropped beyond this many. */
+#define SIM_KEEP_FREED 4096
+
+static void drop_old_freed(void)
+{
+    int kept = 0;
+    for (region **link = &regions; *link;) {
+        region *r = *link;
+        if (r->freed && ++kept > SIM_KEEP_FREED) {
+            *link = r->next;
+            free(r->ptr);
+            free(r);
+        } else {
+            link = &r->next;
+        }
+    }
+}
+
+ga_status ga_cuda_free_async(int device, void *ptr, ga_stream stream)
+{
+    if (!ptr)
+        return ga_ok();
+    pthread_mutex_lock(&sim_lock);
+    sim_stream *s = NULL;
+    ga_status status = resolve(device, stream, &s);
+    region *r = find_region(ptr);
+    if (!status.error && (!r || r->kind != 2 || r->ptr != ptr || r->device != device))
+        status = SIM_STATUS("cudaFreeAsync of a pointer that is no allocation of this device");
+    if (!status.error) {
+        vclock v = queue_op(s);
+        access_region(r, &v, 1, s); /* after every use, like a write */
+        r->freed = 1;
+        device_bytes[device] -= r->size;
+        drop_old_freed();
+    }
+    pthread_mutex_unlock(&sim_lock);
+    return status;
+}
+
+ga_status ga_cuda_pool_set_release_threshold(int device, uint64_t bytes)
+{
+    (void)device, (void)bytes;
+    return ga_ok();
+}
+
+ga_status ga_cuda_pool_trim(int device)
+{
+    (void)device;
+    return ga_ok();
+}
+
+ga_status ga_cuda_pool_reserved(int device, uint64_t *current, uint64_t *peak)
+{
+    pthread_mutex_lock(&sim_lock);
+    *current = device >= 0 && device < SIM_MAX_DEVICES ? device_bytes[device] : 0;
+    *peak = device >= 0 && device < SIM_MAX_DEVICES ? device_peak[device] : 0;
+    pthread_mutex_unlock(&sim_lock);
+    return ga_ok();
+}
+
+ga_status ga_cuda_host_alloc(size_t size, void **out)
+{
+    region *r = calloc(1, sizeof *r);
+    char *p = r ? aligned_alloc(4096, (size + 4095) / 4096 * 4096) : NULL;
+    if (!p) {
+        free(r);
+        *out = NULL;
+        return GA_STATUS(GA_ERR_OUT_OF_MEMORY, "simulated CUDA: out of pinned memory");
+    }
+    r->ptr = p;
+    r->size = size;
+    r->kind = 1;
+    r->device = -1;
+    pthread_mutex_lock(&sim_lock);
+    r->next = regions;
+    regions = r;
+    pthread_mutex_unlock(&sim_lock);
+    *out = p;
+    return ga_ok();
+}
+
+ga_status ga_cuda_host_free(void *ptr)
+{
+    if (!ptr)
+        return ga_ok();
+    pthread_mutex_lock(&sim_lock);
+    region *r = find_region(ptr);
+    ga_status status = ga_ok();
+    if (!r || r->kind != 1 || r->ptr != ptr || r->freed) {
+        status = SIM_STATUS("cudaFreeHost of a pointer that is no pinned allocation");
+    } else {
+        /* the host gives the memory back: every copy that used it must
+         * have been seen finished */
+        if (r->written && !ordered_before(&r->last_write, &host_seen))
+            violation("pinned memory freed before a copy into it finished", r, NULL);
+        if (!ordered_before(&r->reads, &host_seen))
+            violation("pinned memory freed before a copy from it finished", r, NULL);
+        r->freed = 1;
+        drop_old_freed();
+    }
+    pthread_mutex_unlock(&sim_lock);
+    return status;
+}
+
+ga_status ga_cuda_memcpy_async(int device, void *dst, const void *src, size_t size,
+                               ga_stream stream)
+{
+    pthread_mutex_lock(&sim_lock);
+    sim_stream *s = NULL;
+    ga_status status = resolve(device, stream, &s);
+    if (!status.error && size) {
+        vclock v = queue_op(s);
+        access_ptr(src, &v, 0, s);
+        access_ptr(dst, &v, 1, s);
+        memmove(dst, src, size);
+        if (!find_region(dst)) /* into pageable memory: done on return */
+            join(&host_seen, &v);
+    }
+    pthread_mutex_unlock(&sim_lock);
+    return status;
+}
+
+ga_status ga_cuda_pointer_info(const void *ptr, int *kind, int *device)
+{
+    pthread_mutex_lock(&sim_lock);
+    region *r = ptr ? find_region(ptr) : NULL;
+    *kind = r && !r->freed ? r->kind : 0;
+    *device = r && !r->freed ? r->device : -1;
+    pthread_mutex_unlock(&sim_lock);
+    return ga_ok();
+}
+
+/* ------------------------------------------------------------- kernels */
+
+ga_status ga_cuda_copy(int device, const ga_tensor *dst, const ga_tensor *src, ga_stream stream)
+{
+    pthread_mutex_lock(&sim_lock);
+    sim_stream *s = NULL;
+    ga_status status = resolve(device, stream, &s);
+    if (!status.error && tensor_size(dst) > 0) {
+        vclock v = queue_op(s);
+        access_ptr(tensor_base(src), &v, 0, s);
+        access_ptr(tensor_base(dst), &v, 1, s);
+        status = ga_cpu_copy(dst, src);
+    }
+    pthread_mutex_unlock(&sim_lock);
+    return status;
+}
+
+ga_status ga_cuda_fill(int device, const ga_tensor *dst, ga_scalar value, ga_stream stream)
+{
+    pthread_mutex_lock(&sim_lock);
+    sim_stream *s = NULL;
+    ga_status status = resolve(device, stream, &s);
+    if (!status.error && tensor_size(dst) > 0) {
+        vclock v = queue_op(s);
+        access_ptr(tensor_base(dst), &v, 1, s);
+        status = ga_cpu_fill(dst, value);
+    }
+    pthread_mutex_unlock(&sim_lock);
+    return status;
+}
