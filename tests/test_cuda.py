@@ -120,7 +120,6 @@ def test_peer_copies(rng):
     np.testing.assert_array_equal(a.T.to("cuda:1").astype("float64").numpy(), x.T.astype(np.float64))
 
 
-
 @pytest.mark.skipif(not ga.cuda_available() or ga.device_count() < 2, reason="needs two GPUs")
 def test_peer_copy_from_legacy_streams_waits_for_the_source():
     # both sides on their device's legacy default stream: two different
