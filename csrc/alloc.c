@@ -116,8 +116,7 @@ static void event_put(int device, ga_event ev)
 
 /* ------------------------------------------------------- naming streams */
 
-/* A token for the calling thread: never 0, never reused. */
-static uint64_t thread_token(void)
+uint64_t ga_thread_token(void)
 {
     static uint64_t next_token = 1;
     static __thread uint64_t token;
@@ -131,7 +130,7 @@ static uint64_t thread_token(void)
  * (0 and 1 both the legacy default stream) per device. */
 static uint64_t stream_thread(ga_stream stream)
 {
-    return stream == GA_STREAM_PER_THREAD ? thread_token() : 0;
+    return stream == GA_STREAM_PER_THREAD ? ga_thread_token() : 0;
 }
 
 static int same_stream(ga_stream a, ga_stream b)
@@ -148,7 +147,7 @@ static int same_stream(ga_stream a, ga_stream b)
  * work on those waits for it). */
 static ga_stream home_stream(const ga_block *b)
 {
-    if (b->stream == GA_STREAM_PER_THREAD && b->owner != thread_token())
+    if (b->stream == GA_STREAM_PER_THREAD && b->owner != ga_thread_token())
         return GA_STREAM_LEGACY;
     return b->stream;
 }
@@ -159,7 +158,7 @@ static int on_home_stream(const ga_block *b, int device, ga_stream stream)
 {
     if (device != b->device || !same_stream(stream, b->stream))
         return 0;
-    return stream != GA_STREAM_PER_THREAD || b->owner == thread_token();
+    return stream != GA_STREAM_PER_THREAD || b->owner == ga_thread_token();
 }
 
 /* Index of the recorded use by `stream` of `device` (from this thread),
@@ -526,10 +525,10 @@ static void report_unraisable(ga_status status)
 {
     /* No exception may escape a dealloc; at interpreter exit the CUDA
      * context may already be gone, and there is nobody left to tell. */
-    (void)status;
     if (Py_IsInitialized() && !ga_is_finalizing()) {
-        PyErr_Format(PyExc_RuntimeWarning, "gpuaccel: freeing memory failed: %s: %s",
-                     status.call ? status.call : "?", status.name ? status.name : "?");
+        char text[1024];
+        PyErr_Format(PyExc_RuntimeWarning, "gpuaccel: freeing memory failed: %s",
+                     ga_status_text(status, text, sizeof text));
         PyErr_WriteUnraisable(NULL);
     }
 }

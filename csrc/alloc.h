@@ -75,6 +75,11 @@ ga_status ga_block_wait_all(ga_block *block, int device, ga_stream stream);
  * (for deleters, which run without a way to raise). */
 ga_status ga_block_record_use_status(ga_block *block, int device, ga_stream stream);
 
+/* A token for the calling thread: never 0, never reused (unlike a
+ * pthread_t).  Handle 2, the per-thread default stream, names a different
+ * stream in each thread: what is keyed by a stream is keyed by this too. */
+uint64_t ga_thread_token(void);
+
 /* Releases the block; never raises (a CUDA error is reported as
  * unraisable).  Needs the GIL. */
 void ga_block_free(ga_block *block);

@@ -38,10 +38,21 @@ static void raise_library_error(PyObject *type, const char *msg, ga_status statu
     Py_DECREF(exc);
 }
 
+const char *ga_status_text(ga_status status, char *buf, size_t size)
+{
+    const char *call = status.call ? status.call : "?";
+    const char *message = status.message ? status.message : "";
+    if (status.name)
+        snprintf(buf, size, "%s failed: %s (%d): %s [%s:%d]", call, status.name, status.code,
+                 message, short_path(status.file), status.line);
+    else
+        snprintf(buf, size, "%s: %s", call, message);
+    return buf;
+}
+
 int ga_raise(ga_state *st, ga_status status)
 {
     char msg[1024];
-    const char *where = short_path(status.file);
     const char *call = status.call ? status.call : "?";
     const char *message = status.message ? status.message : "";
     const char *name = status.name ? status.name : "";
@@ -66,8 +77,7 @@ int ga_raise(ga_state *st, ga_status status)
         /* Our allocator's own messages (limits) come whole, without a
          * library name; a failed CUDA allocation is reported like any call. */
         if (status.name)
-            snprintf(msg, sizeof msg, "%s failed: %s (%d): %s [%s:%d]", call, name, status.code,
-                     message, where, status.line);
+            ga_status_text(status, msg, sizeof msg);
         else
             snprintf(msg, sizeof msg, "%s", message);
         raise_library_error(st->OutOfMemoryError, msg, status);
@@ -78,13 +88,11 @@ int ga_raise(ga_state *st, ga_status status)
         PyObject *type = status.error == GA_ERR_CUDA     ? st->CudaError
                          : status.error == GA_ERR_CUBLAS ? st->CublasError
                                                          : st->CudnnError;
-        snprintf(msg, sizeof msg, "%s failed: %s (%d): %s [%s:%d]", call, name, status.code,
-                 message, where, status.line);
-        raise_library_error(type, msg, status);
+        raise_library_error(type, ga_status_text(status, msg, sizeof msg), status);
         break;
     }
     case GA_ERR_INVALID_VALUE:
-        PyErr_Format(PyExc_ValueError, "%s: %s", call, message);
+        PyErr_SetString(PyExc_ValueError, ga_status_text(status, msg, sizeof msg));
         break;
     case GA_ERR_NOT_SUPPORTED:
         PyErr_Format(PyExc_ValueError, "%s: not supported: %s", call, message);

@@ -58,6 +58,9 @@ static inline ga_state *ga_state_from_type(PyTypeObject *type)
  * exception.  Always returns -1, so `return ga_raise(st, status);` works in
  * int-returning functions. */
 int ga_raise(ga_state *st, ga_status status);
+/* The message ga_raise gives a status (call, library name and code, text,
+ * source line), for the places that cannot raise. */
+const char *ga_status_text(ga_status status, char *buf, size_t size);
 
 /* Runs `expr` (a ga_status); on failure raises and jumps to `error`. */
 #define GA_CHECK(st, expr)                                                       \

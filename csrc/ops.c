@@ -9,7 +9,6 @@
 #include "npy.h"
 
 #include <limits.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -121,7 +120,7 @@ PyObject *ga_py_conv_stats(PyObject *module, PyObject *unused)
 typedef struct {
     int device;
     ga_stream stream;
-    pthread_t thread; /* for the per-thread default stream: one per thread */
+    uint64_t thread; /* for the per-thread default stream: one per thread */
     ga_block *block;
 } workspace_entry;
 
@@ -133,11 +132,11 @@ static void *workspace_for(ga_state *st, int device, ga_stream stream, size_t si
     /* a workspace is reused in its stream's order only; handle 2 is a
      * different stream in each thread */
     int per_thread = stream == GA_STREAM_PER_THREAD;
-    pthread_t self = pthread_self();
+    uint64_t self = ga_thread_token();
     workspace_entry *w = NULL;
     for (int k = 0; k < nworkspaces && !w; k++)
         if (workspaces[k].device == device && workspaces[k].stream == stream &&
-            (!per_thread || pthread_equal(workspaces[k].thread, self)))
+            (!per_thread || workspaces[k].thread == self))
             w = &workspaces[k];
     if (!w) {
         if (nworkspaces == GA_MAX_WORKSPACES) {

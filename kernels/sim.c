@@ -23,8 +23,10 @@
  * use before the allocation is ordered, a read or write not ordered after
  * the last write, a write or free not ordered after every read, any use of
  * freed memory.  A violation is a bug in gpuaccel's ordering (or a test
- * that races on purpose): it is printed and the process aborts, as a
- * sanitizer with halt_on_error does.  Only copy, fill and memcpy run here;
+ * that races on purpose): the operation is not done, the call fails with
+ * the violation as its message (a Python exception, or an unraisable
+ * warning from a dealloc), and the violation is also printed on stderr, so
+ * that one whose error a caller drops is still seen.  Only copy, fill and memcpy run here;
  * the library kernels (matmul, conv, ...) report "built without CUDA" from
  * nocuda.c.
  *
@@ -97,15 +99,18 @@ static int ordered_before(const vclock *a, const vclock *b)
     return 1;
 }
 
-static void violation(const char *what, const region *r, const sim_stream *s)
+static __thread char violation_text[512];
+
+static ga_status violation(const char *what, const region *r, const sim_stream *s)
 {
-    fprintf(stderr,
-            "gpuaccel simulated CUDA: ordering violation: %s (%s allocation %p of %zu bytes on "
-            "cuda:%d, by stream #%d of cuda:%d)\n",
-            what, r->kind == 2 ? "device" : "pinned", (void *)r->ptr, r->size, r->device,
-            s ? s->id : -1, s ? s->device : -1);
+    snprintf(violation_text, sizeof violation_text,
+             "simulated CUDA: ordering violation: %s (%s allocation %p of %zu bytes on cuda:%d, "
+             "by stream #%d of cuda:%d)",
+             what, r->kind == 2 ? "device" : "pinned", (void *)r->ptr, r->size, r->device,
+             s ? s->id : -1, s ? s->device : -1);
+    fprintf(stderr, "gpuaccel %s\n", violation_text);
     fflush(stderr);
-    abort();
+    return GA_STATUS(GA_ERR_INVALID_VALUE, violation_text);
 }
 
 /* ------------------------------------------------------------- streams */
@@ -191,31 +196,40 @@ static region *find_region(const void *p)
     return freed;
 }
 
-static void access_region(region *r, const vclock *op, int write, const sim_stream *s)
+/* Checks an access by an operation with clock `op`; records it when it is
+ * ordered (and returns the violation when it is not). */
+static ga_status access_region(region *r, const vclock *op, int write, const sim_stream *s)
 {
     if (r->freed)
-        violation("use of freed memory", r, s);
+        return violation("use of freed memory", r, s);
     if (!ordered_before(&r->alloc, op))
-        violation("use not ordered after the allocation", r, s);
+        return violation("use not ordered after the allocation", r, s);
     if (r->written && !ordered_before(&r->last_write, op))
-        violation(write ? "write not ordered after the last write"
-                        : "read not ordered after the last write",
-                  r, s);
+        return violation(write ? "write not ordered after the last write"
+                               : "read not ordered after the last write",
+                         r, s);
     if (write && !ordered_before(&r->reads, op))
-        violation("write not ordered after an earlier read", r, s);
+        return violation("write not ordered after an earlier read", r, s);
     if (write) {
         r->last_write = *op;
         r->written = 1;
     } else {
         join(&r->reads, op);
     }
+    return ga_ok();
 }
 
-static void access_ptr(const void *p, const vclock *op, int write, const sim_stream *s)
+/* The same for an operation reading `src` (may be NULL) and writing `dst`,
+ * either of which may be unsimulated (pageable host) memory.  Both are
+ * checked before either is recorded. */
+static ga_status access_pair(const void *src, const void *dst, const vclock *op, const sim_stream *s)
 {
-    region *r = p ? find_region(p) : NULL;
-    if (r)
-        access_region(r, op, write, s);
+    region *rs = src ? find_region(src) : NULL, *rd = dst ? find_region(dst) : NULL;
+    if (rs)
+        GA_TRY_STATUS(access_region(rs, op, 0, s));
+    if (rd)
+        GA_TRY_STATUS(access_region(rd, op, 1, s));
+    return ga_ok();
 }
 
 /* Byte address of a tensor's lowest element (what identifies its block). */
@@ -539,7 +553,9 @@ ga_status ga_cuda_free_async(int device, void *ptr, ga_stream stream)
         status = SIM_STATUS("cudaFreeAsync of a pointer that is no allocation of this device");
     if (!status.error) {
         vclock v = queue_op(s);
-        access_region(r, &v, 1, s); /* after every use, like a write */
+        status = access_region(r, &v, 1, s); /* after every use, like a write */
+    }
+    if (!status.error) {
         r->freed = 1;
         device_bytes[device] -= r->size;
         drop_old_freed();
@@ -603,9 +619,11 @@ ga_status ga_cuda_host_free(void *ptr)
         /* the host gives the memory back: every copy that used it must
          * have been seen finished */
         if (r->written && !ordered_before(&r->last_write, &host_seen))
-            violation("pinned memory freed before a copy into it finished", r, NULL);
-        if (!ordered_before(&r->reads, &host_seen))
-            violation("pinned memory freed before a copy from it finished", r, NULL);
+            status = violation("pinned memory freed before a copy into it finished", r, NULL);
+        else if (!ordered_before(&r->reads, &host_seen))
+            status = violation("pinned memory freed before a copy from it finished", r, NULL);
+    }
+    if (!status.error) {
         r->freed = 1;
         drop_old_freed();
     }
@@ -621,11 +639,12 @@ ga_status ga_cuda_memcpy_async(int device, void *dst, const void *src, size_t si
     ga_status status = resolve(device, stream, &s);
     if (!status.error && size) {
         vclock v = queue_op(s);
-        access_ptr(src, &v, 0, s);
-        access_ptr(dst, &v, 1, s);
-        memmove(dst, src, size);
-        if (!find_region(dst)) /* into pageable memory: done on return */
-            join(&host_seen, &v);
+        status = access_pair(src, dst, &v, s);
+        if (!status.error) {
+            memmove(dst, src, size);
+            if (!find_region(dst)) /* into pageable memory: done on return */
+                join(&host_seen, &v);
+        }
     }
     pthread_mutex_unlock(&sim_lock);
     return status;
@@ -650,9 +669,9 @@ ga_status ga_cuda_copy(int device, const ga_tensor *dst, const ga_tensor *src, g
     ga_status status = resolve(device, stream, &s);
     if (!status.error && tensor_size(dst) > 0) {
         vclock v = queue_op(s);
-        access_ptr(tensor_base(src), &v, 0, s);
-        access_ptr(tensor_base(dst), &v, 1, s);
-        status = ga_cpu_copy(dst, src);
+        status = access_pair(tensor_base(src), tensor_base(dst), &v, s);
+        if (!status.error)
+            status = ga_cpu_copy(dst, src);
     }
     pthread_mutex_unlock(&sim_lock);
     return status;
@@ -665,8 +684,9 @@ ga_status ga_cuda_fill(int device, const ga_tensor *dst, ga_scalar value, ga_str
     ga_status status = resolve(device, stream, &s);
     if (!status.error && tensor_size(dst) > 0) {
         vclock v = queue_op(s);
-        access_ptr(tensor_base(dst), &v, 1, s);
-        status = ga_cpu_fill(dst, value);
+        status = access_pair(NULL, tensor_base(dst), &v, s);
+        if (!status.error)
+            status = ga_cpu_fill(dst, value);
     }
     pthread_mutex_unlock(&sim_lock);
     return status;

@@ -2,10 +2,12 @@
 
 Runs only against a simulator build (GPUACCEL_SIM=1, kernels/sim.c): two
 simulated devices whose runtime records, with vector clocks, what every
-queued operation is guaranteed to follow under CUDA's rules, and aborts the
-process on an access that is not ordered (use before allocation, unordered
-read/write, free before a use finished).  Each scenario runs in a child
-process, so that an abort is a failed test with the simulator's message.
+queued operation is guaranteed to follow under CUDA's rules, and fails the
+call that makes an access that is not ordered (use before allocation,
+unordered read/write, free before a use finished), printing the violation on
+stderr too.  Each scenario runs in a child process whose stderr is checked,
+so that a violation whose error was dropped (a free in a dealloc reports an
+unraisable warning) still fails the test.
 `.ci/run` builds the simulator in a copy of the tree and runs this file.
 """
 
