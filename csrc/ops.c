@@ -794,7 +794,8 @@ static ArrayObject *empty_like(ga_state *st, const ArrayObject *a, const ga_stre
     }
     if (!dense || !permuted)
         return ga_array_empty(st, a->dtype, n, a->shape, a->device, 0, sp);
-    int64_t shape[GA_MAX_NDIM], strides[GA_MAX_NDIM];
+    /* {0}: GCC at -O1 cannot see that the loop below fills shape[0..n) */
+    int64_t shape[GA_MAX_NDIM] = {0}, strides[GA_MAX_NDIM];
     for (int i = 0; i < n; i++)
         shape[i] = a->shape[order[i]];
     ArrayObject *base = ga_array_empty(st, a->dtype, n, shape, a->device, 0, sp);
