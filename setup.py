@@ -204,9 +204,9 @@ class BuildExt(build_ext):
             _say("building CPU-only: %s" % cuda.reason)
 
         sim = not cuda.enabled and os.environ.get("GPUACCEL_SIM") == "1"
-        c_sources = list(ext.sources) + ([] if cuda.enabled else [_rel("kernels", "nocuda.c")])
-        if sim:
-            c_sources.append(_rel("kernels", "sim.c"))
+        c_sources = list(ext.sources)
+        if not cuda.enabled:  # the ga_cuda_* entry points: simulated, or "built without CUDA"
+            c_sources.append(_rel("kernels", "sim.c" if sim else "nocuda.c"))
         include_dirs = [ROOT, numpy.get_include()] + list(ext.include_dirs)
         cflags = ["-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers",
                   "-fvisibility=hidden", "-pthread"]
@@ -219,8 +219,6 @@ class BuildExt(build_ext):
         else:
             cflags += ["-O3"]
         macros = [("GPUACCEL_WITH_CUDA", "1")] if cuda.enabled else []
-        if sim:
-            macros.append(("GPUACCEL_SIM", "1"))
 
         build_temp = os.path.abspath(self.build_temp)
         os.makedirs(build_temp, exist_ok=True)

@@ -4,9 +4,8 @@
  * Linked in place of the kernels/cuda sources when the build found no nvcc (or was
  * asked for none with GPUACCEL_NO_CUDA=1): every call reports
  * GA_ERR_NO_CUDA_BUILD, which csrc/errors.c turns into a RuntimeError that
- * says how to get a CUDA build.  A simulator build (GPUACCEL_SIM, see
- * kernels/sim.c) takes the runtime, copy and fill from sim.c and the rest
- * from here.
+ * says how to get a CUDA build.  A simulator build (GPUACCEL_SIM) links
+ * kernels/sim.c instead.
  */
 #include <string.h>
 
@@ -14,7 +13,6 @@
 
 #define GA_NO_CUDA GA_STATUS(GA_ERR_NO_CUDA_BUILD, "gpuaccel was built without CUDA")
 
-#ifndef GPUACCEL_SIM /* kernels/sim.c has these */
 ga_status ga_cuda_device_count(int *count)
 {
     *count = 0;
@@ -188,8 +186,6 @@ ga_status ga_cuda_fill(int device, const ga_tensor *dst, ga_scalar value, ga_str
     return GA_NO_CUDA;
 }
 
-#endif
-
 ga_status ga_cuda_matmul(int device, const ga_matmul_desc *desc, void *workspace,
                          size_t workspace_size, ga_stream stream, ga_op_report *report)
 {
@@ -271,11 +267,9 @@ ga_status ga_cuda_logger_reset_window(int device, void *state, int max_metrics, 
     return GA_NO_CUDA;
 }
 
-#ifndef GPUACCEL_SIM
 ga_status ga_cuda_stream_capturing(ga_stream stream, int *capturing)
 {
     (void)stream;
     *capturing = 0;
     return GA_NO_CUDA;
 }
-#endif

@@ -26,9 +26,12 @@
  * that races on purpose): the operation is not done, the call fails with
  * the violation as its message (a Python exception, or an unraisable
  * warning from a dealloc), and the violation is also printed on stderr, so
- * that one whose error a caller drops is still seen.  Only copy, fill and memcpy run here;
- * the library kernels (matmul, conv, ...) report "built without CUDA" from
- * nocuda.c.
+ * that one whose error a caller drops is still seen.
+ *
+ * Kernels run as their CPU twins (kernels/cpu) on the simulated memory, so
+ * results can be checked as well; each operand's byte extent must lie in
+ * one allocation of the kernel's device or in pinned memory (a small
+ * memcheck).  Timings, engine choice and graphs are not simulated.
  *
  * Environment: GPUACCEL_SIM_DEVICES (default 2) devices of 16 GiB each.
  */
@@ -196,9 +199,29 @@ static region *find_region(const void *p)
     return freed;
 }
 
-/* Checks an access by an operation with clock `op`; records it when it is
- * ordered (and returns the violation when it is not). */
-static ga_status access_region(region *r, const vclock *op, int write, const sim_stream *s)
+/* One operand of a simulated operation: the bytes [lo, hi) it may touch
+ * and whether it writes them.  lo NULL: an empty operand, not checked. */
+typedef struct {
+    const char *lo, *hi;
+    int write;
+} sim_operand;
+
+#define SIM_MAX_OPERANDS (1 + GA_LOGGER_MAX_PER_CALL)
+
+static ga_status operand_violation(const char *what, const sim_operand *o, int kernel_device,
+                                   const sim_stream *s)
+{
+    snprintf(violation_text, sizeof violation_text,
+             "simulated CUDA: %s (%s of %zu bytes at %p, by a kernel of cuda:%d on stream #%d)",
+             what, o->write ? "write" : "read", (size_t)(o->hi - o->lo), (const void *)o->lo,
+             kernel_device, s ? s->id : -1);
+    fprintf(stderr, "gpuaccel %s\n", violation_text);
+    fflush(stderr);
+    return GA_STATUS(GA_ERR_INVALID_VALUE, violation_text);
+}
+
+/* Checks that an access by an operation with clock `op` is ordered. */
+static ga_status check_region(region *r, const vclock *op, int write, const sim_stream *s)
 {
     if (r->freed)
         return violation("use of freed memory", r, s);
@@ -210,36 +233,52 @@ static ga_status access_region(region *r, const vclock *op, int write, const sim
                          r, s);
     if (write && !ordered_before(&r->reads, op))
         return violation("write not ordered after an earlier read", r, s);
+    return ga_ok();
+}
+
+static void record_region(region *r, const vclock *op, int write)
+{
     if (write) {
         r->last_write = *op;
         r->written = 1;
     } else {
         join(&r->reads, op);
     }
-    return ga_ok();
 }
 
-/* The same for an operation reading `src` (may be NULL) and writing `dst`,
- * either of which may be unsimulated (pageable host) memory.  Both are
- * checked before either is recorded. */
-static ga_status access_pair(const void *src, const void *dst, const vclock *op, const sim_stream *s)
+/* Checks every operand of one operation with clock `op`, then records
+ * them all (an operand may be read and written by the same operation).
+ * A kernel (kernel_device >= 0) may touch only its own device's memory
+ * and pinned host memory; a copy engine (-1) any memory.  An operand of
+ * simulated memory must lie inside its allocation (the memcheck part). */
+static ga_status access_all(const sim_operand *ops, int n, const vclock *op, const sim_stream *s,
+                            int kernel_device)
 {
-    region *rs = src ? find_region(src) : NULL, *rd = dst ? find_region(dst) : NULL;
-    if (rs)
-        GA_TRY_STATUS(access_region(rs, op, 0, s));
-    if (rd)
-        GA_TRY_STATUS(access_region(rd, op, 1, s));
+    region *found[SIM_MAX_OPERANDS];
+    for (int k = 0; k < n; k++) {
+        found[k] = ops[k].lo ? find_region(ops[k].lo) : NULL;
+        region *r = found[k];
+        if (!ops[k].lo)
+            continue;
+        if (!r) {
+            if (kernel_device >= 0)
+                return operand_violation("kernel operand in pageable host memory", &ops[k],
+                                         kernel_device, s);
+            continue;
+        }
+        if (kernel_device >= 0 && r->kind == 2 && r->device != kernel_device)
+            return operand_violation("kernel operand in another device's memory", &ops[k],
+                                     kernel_device, s);
+        if (ops[k].hi > r->ptr + r->size)
+            return violation(ops[k].write ? "write past the end of the allocation"
+                                          : "read past the end of the allocation",
+                             r, s);
+        GA_TRY_STATUS(check_region(r, op, ops[k].write, s));
+    }
+    for (int k = 0; k < n; k++)
+        if (found[k])
+            record_region(found[k], op, ops[k].write);
     return ga_ok();
-}
-
-/* Byte address of a tensor's lowest element (what identifies its block). */
-static const void *tensor_base(const ga_tensor *t)
-{
-    const char *p = (const char *)t->data;
-    for (int d = 0; d < t->ndim; d++)
-        if (t->strides[d] < 0 && t->shape[d] > 0)
-            p += t->strides[d] * (t->shape[d] - 1);
-    return p;
 }
 
 static int64_t tensor_size(const ga_tensor *t)
@@ -248,6 +287,55 @@ static int64_t tensor_size(const ga_tensor *t)
     for (int d = 0; d < t->ndim; d++)
         n *= t->shape[d];
     return n;
+}
+
+/* The bytes a strided tensor touches (lo NULL when it is empty). */
+static sim_operand tensor_operand(const ga_tensor *t, int write)
+{
+    sim_operand o = {NULL, NULL, write};
+    if (!t->data || tensor_size(t) == 0)
+        return o;
+    int64_t lo = 0, hi = (int64_t)ga_dtype_itemsize(t->dtype);
+    for (int d = 0; d < t->ndim; d++) {
+        int64_t span = t->strides[d] * (t->shape[d] - 1);
+        if (span < 0)
+            lo += span;
+        else
+            hi += span;
+    }
+    o.lo = (const char *)t->data + lo;
+    o.hi = (const char *)t->data + hi;
+    return o;
+}
+
+/* The same for `batch` matrices (strides in elements). */
+static sim_operand matrix_operand(const ga_matrix *m, int64_t batch, int write)
+{
+    sim_operand o = {NULL, NULL, write};
+    if (!m->data || m->rows == 0 || m->cols == 0 || batch == 0)
+        return o;
+    int64_t spans[3] = {m->row_stride * (m->rows - 1), m->col_stride * (m->cols - 1),
+                        m->batch_stride * (batch - 1)};
+    int64_t lo = 0, hi = 0, size = (int64_t)ga_dtype_itemsize(m->dtype);
+    for (int k = 0; k < 3; k++) {
+        if (spans[k] < 0)
+            lo += spans[k];
+        else
+            hi += spans[k];
+    }
+    o.lo = (const char *)m->data + lo * size;
+    o.hi = (const char *)m->data + hi * size + size;
+    return o;
+}
+
+static sim_operand bytes_operand(const void *p, size_t size, int write)
+{
+    sim_operand o = {NULL, NULL, write};
+    if (p && size) {
+        o.lo = (const char *)p;
+        o.hi = (const char *)p + size;
+    }
+    return o;
 }
 
 /* ------------------------------------------------------ device queries */
@@ -553,7 +641,7 @@ ga_status ga_cuda_free_async(int device, void *ptr, ga_stream stream)
         status = SIM_STATUS("cudaFreeAsync of a pointer that is no allocation of this device");
     if (!status.error) {
         vclock v = queue_op(s);
-        status = access_region(r, &v, 1, s); /* after every use, like a write */
+        status = check_region(r, &v, 1, s); /* after every use, like a write */
     }
     if (!status.error) {
         r->freed = 1;
@@ -639,7 +727,8 @@ ga_status ga_cuda_memcpy_async(int device, void *dst, const void *src, size_t si
     ga_status status = resolve(device, stream, &s);
     if (!status.error && size) {
         vclock v = queue_op(s);
-        status = access_pair(src, dst, &v, s);
+        sim_operand ops[2] = {bytes_operand(src, size, 0), bytes_operand(dst, size, 1)};
+        status = access_all(ops, 2, &v, s, -1);
         if (!status.error) {
             memmove(dst, src, size);
             if (!find_region(dst)) /* into pageable memory: done on return */
@@ -662,32 +751,230 @@ ga_status ga_cuda_pointer_info(const void *ptr, int *kind, int *device)
 
 /* ------------------------------------------------------------- kernels */
 
+/* Queues a kernel of `device` on `stream` that touches `ops`, checked as
+ * access_all does.  Called locked; on success the caller runs the CPU
+ * twin of the kernel at once. */
+static ga_status launch(int device, ga_stream stream, const sim_operand *ops, int n)
+{
+    sim_stream *s = NULL;
+    GA_TRY_STATUS(resolve(device, stream, &s));
+    vclock v = queue_op(s);
+    return access_all(ops, n, &v, s, device);
+}
+
 ga_status ga_cuda_copy(int device, const ga_tensor *dst, const ga_tensor *src, ga_stream stream)
 {
+    sim_operand ops[2] = {tensor_operand(src, 0), tensor_operand(dst, 1)};
     pthread_mutex_lock(&sim_lock);
-    sim_stream *s = NULL;
-    ga_status status = resolve(device, stream, &s);
-    if (!status.error && tensor_size(dst) > 0) {
-        vclock v = queue_op(s);
-        status = access_pair(tensor_base(src), tensor_base(dst), &v, s);
-        if (!status.error)
-            status = ga_cpu_copy(dst, src);
-    }
+    ga_status status = launch(device, stream, ops, 2);
+    if (!status.error)
+        status = ga_cpu_copy(dst, src);
     pthread_mutex_unlock(&sim_lock);
     return status;
 }
 
 ga_status ga_cuda_fill(int device, const ga_tensor *dst, ga_scalar value, ga_stream stream)
 {
+    sim_operand ops[1] = {tensor_operand(dst, 1)};
     pthread_mutex_lock(&sim_lock);
-    sim_stream *s = NULL;
-    ga_status status = resolve(device, stream, &s);
-    if (!status.error && tensor_size(dst) > 0) {
-        vclock v = queue_op(s);
-        status = access_pair(NULL, tensor_base(dst), &v, s);
-        if (!status.error)
-            status = ga_cpu_fill(dst, value);
+    ga_status status = launch(device, stream, ops, 1);
+    if (!status.error)
+        status = ga_cpu_fill(dst, value);
+    pthread_mutex_unlock(&sim_lock);
+    return status;
+}
+
+/* The library kernels (cuBLASLt, cuDNN and gpuaccel's own) run as their
+ * CPU twins over the operands' simulated memory, so the CUDA paths of
+ * csrc/ around them (workspaces, helper copies, result arrays, streams)
+ * run end to end.  The workspace is written by every call. */
+
+static uint64_t matmul_calls, conv_calls;
+
+size_t ga_cuda_matmul_workspace_size(int device)
+{
+    (void)device;
+    return (size_t)1 << 20;
+}
+
+ga_status ga_cuda_matmul(int device, const ga_matmul_desc *desc, void *workspace,
+                         size_t workspace_size, ga_stream stream, ga_op_report *report)
+{
+    memset(report, 0, sizeof *report);
+    const ga_matmul_desc *d = desc;
+    size_t bias_size = ga_dtype_itemsize(d->bias_dtype) * (size_t)d->d.cols;
+    sim_operand ops[] = {
+        matrix_operand(&d->a, d->batch, 0),
+        matrix_operand(&d->b, d->batch, 0),
+        matrix_operand(&d->d, d->batch, 1),
+        bytes_operand(d->bias, bias_size, 0),
+        matrix_operand(&d->preact, d->batch, 1),
+        d->dact ? matrix_operand(&d->dact_aux, d->batch, 0) : bytes_operand(NULL, 0, 0),
+        bytes_operand(d->col_sums, ga_dtype_itemsize(d->col_sums_dtype) * (size_t)d->d.cols, 1),
+        bytes_operand(d->a_row_sums, ga_dtype_itemsize(d->a_row_sums_dtype) * (size_t)d->a.rows, 1),
+        bytes_operand(workspace, workspace_size, 1),
+    };
+    pthread_mutex_lock(&sim_lock);
+    ga_status status = launch(device, stream, ops, (int)(sizeof ops / sizeof *ops));
+    if (!status.error)
+        status = ga_cpu_matmul(desc);
+    report->fused = !status.error;
+    report->cache_hit = matmul_calls++ > 0;
+    pthread_mutex_unlock(&sim_lock);
+    return status;
+}
+
+ga_status ga_cuda_bias_activation(int device, const ga_bias_act_desc *desc, ga_stream stream)
+{
+    int64_t channels = desc->x.ndim ? desc->x.shape[desc->channel_dim] : 1;
+    sim_operand ops[] = {
+        tensor_operand(&desc->x, 0),
+        tensor_operand(&desc->y, 1),
+        tensor_operand(&desc->preact, 1),
+        bytes_operand(desc->bias, ga_dtype_itemsize(desc->bias_dtype) * (size_t)channels, 0),
+    };
+    pthread_mutex_lock(&sim_lock);
+    ga_status status = launch(device, stream, ops, (int)(sizeof ops / sizeof *ops));
+    if (!status.error)
+        status = ga_cpu_bias_activation(desc);
+    pthread_mutex_unlock(&sim_lock);
+    return status;
+}
+
+ga_status ga_cuda_activation_backward(int device, const ga_act_backward_desc *desc,
+                                      ga_stream stream)
+{
+    int64_t channels = desc->grad_y.ndim ? desc->grad_y.shape[desc->channel_dim] : 1;
+    sim_operand ops[] = {
+        tensor_operand(&desc->grad_y, 0),
+        desc->activation ? tensor_operand(&desc->aux, 0) : bytes_operand(NULL, 0, 0),
+        tensor_operand(&desc->dz, 1),
+        bytes_operand(desc->bias_grad, ga_dtype_itemsize(desc->bias_grad_dtype) * (size_t)channels,
+                      1),
+    };
+    pthread_mutex_lock(&sim_lock);
+    ga_status status = launch(device, stream, ops, (int)(sizeof ops / sizeof *ops));
+    if (!status.error)
+        status = ga_cpu_activation_backward(desc);
+    pthread_mutex_unlock(&sim_lock);
+    return status;
+}
+
+/* cuDNN's engine choice: "sim" is the one engine; a call without a
+ * preference (or with another name) tunes, one with it reuses it. */
+static void conv_tuning_report(ga_conv_tuning *tuning)
+{
+    int reuse = tuning->preferred && strcmp(tuning->preferred, "sim") == 0;
+    snprintf(tuning->chosen, sizeof tuning->chosen, "sim");
+    memset(&tuning->report, 0, sizeof tuning->report);
+    tuning->report.fused = 1;
+    tuning->report.tuned = !reuse;
+    conv_calls++;
+}
+
+ga_status ga_cuda_conv2d_forward(int device, const ga_conv_desc *desc, void *workspace,
+                                 size_t workspace_size, ga_stream stream, ga_conv_tuning *tuning)
+{
+    sim_operand ops[] = {
+        tensor_operand(&desc->x, 0),
+        tensor_operand(&desc->w, 0),
+        tensor_operand(&desc->y, 1),
+        bytes_operand(desc->bias, ga_dtype_itemsize(desc->x.dtype) * (size_t)desc->w.shape[0], 0),
+        tensor_operand(&desc->preact, 1),
+        bytes_operand(workspace, workspace_size, 1),
+    };
+    pthread_mutex_lock(&sim_lock);
+    ga_status status = launch(device, stream, ops, (int)(sizeof ops / sizeof *ops));
+    if (!status.error) {
+        status = ga_cpu_conv2d_forward(desc);
+        conv_tuning_report(tuning);
     }
+    pthread_mutex_unlock(&sim_lock);
+    return status;
+}
+
+ga_status ga_cuda_conv2d_backward_data(int device, const ga_conv_geometry *geom,
+                                       const ga_tensor *dy, const ga_tensor *w, const ga_tensor *dx,
+                                       void *workspace, size_t workspace_size, ga_stream stream,
+                                       ga_conv_tuning *tuning)
+{
+    sim_operand ops[] = {tensor_operand(dy, 0), tensor_operand(w, 0), tensor_operand(dx, 1),
+                         bytes_operand(workspace, workspace_size, 1)};
+    pthread_mutex_lock(&sim_lock);
+    ga_status status = launch(device, stream, ops, (int)(sizeof ops / sizeof *ops));
+    if (!status.error) {
+        status = ga_cpu_conv2d_backward_data(geom, dy, w, dx);
+        conv_tuning_report(tuning);
+    }
+    pthread_mutex_unlock(&sim_lock);
+    return status;
+}
+
+ga_status ga_cuda_conv2d_backward_filter(int device, const ga_conv_geometry *geom,
+                                         const ga_tensor *x, const ga_tensor *dy,
+                                         const ga_tensor *dw, void *workspace,
+                                         size_t workspace_size, ga_stream stream,
+                                         ga_conv_tuning *tuning)
+{
+    sim_operand ops[] = {tensor_operand(x, 0), tensor_operand(dy, 0), tensor_operand(dw, 1),
+                         bytes_operand(workspace, workspace_size, 1)};
+    pthread_mutex_lock(&sim_lock);
+    ga_status status = launch(device, stream, ops, (int)(sizeof ops / sizeof *ops));
+    if (!status.error) {
+        status = ga_cpu_conv2d_backward_filter(geom, x, dy, dw);
+        conv_tuning_report(tuning);
+    }
+    pthread_mutex_unlock(&sim_lock);
+    return status;
+}
+
+void ga_cuda_plan_cache_stats(uint64_t *matmul_hits, uint64_t *matmul_misses,
+                              uint64_t *conv_hits, uint64_t *conv_misses)
+{
+    pthread_mutex_lock(&sim_lock);
+    *matmul_hits = matmul_calls ? matmul_calls - 1 : 0;
+    *matmul_misses = matmul_calls ? 1 : 0;
+    *conv_hits = 0;
+    *conv_misses = conv_calls;
+    pthread_mutex_unlock(&sim_lock);
+}
+
+ga_status ga_cuda_normalize_images(int device, const ga_normalize_desc *desc, ga_stream stream)
+{
+    size_t n = (size_t)(desc->n * desc->h * desc->w * desc->c);
+    sim_operand ops[] = {bytes_operand(desc->src, n, 0),
+                         bytes_operand(desc->dst, n * ga_dtype_itemsize(desc->dtype), 1)};
+    pthread_mutex_lock(&sim_lock);
+    ga_status status = launch(device, stream, ops, 2);
+    if (!status.error)
+        status = ga_cpu_normalize_images(desc);
+    pthread_mutex_unlock(&sim_lock);
+    return status;
+}
+
+ga_status ga_cuda_logger_update(int device, const ga_logger_update *u, ga_stream stream)
+{
+    sim_operand ops[1 + GA_LOGGER_MAX_PER_CALL];
+    int n = u->n < 0 || u->n > GA_LOGGER_MAX_PER_CALL ? 0 : u->n;
+    ops[0] = bytes_operand(u->state, ga_logger_state_bytes(u->capacity, u->max_metrics), 1);
+    for (int k = 0; k < n; k++)
+        ops[1 + k] = bytes_operand(u->value[k], ga_dtype_itemsize(u->dtype[k]), 0);
+    pthread_mutex_lock(&sim_lock);
+    ga_status status = launch(device, stream, ops, 1 + n);
+    if (!status.error)
+        status = ga_cpu_logger_update(u);
+    pthread_mutex_unlock(&sim_lock);
+    return status;
+}
+
+ga_status ga_cuda_logger_reset_window(int device, void *state, int max_metrics, int64_t capacity,
+                                      int64_t first_step, int64_t nsteps, ga_stream stream)
+{
+    sim_operand ops[1] = {bytes_operand(state, ga_logger_state_bytes(capacity, max_metrics), 1)};
+    pthread_mutex_lock(&sim_lock);
+    ga_status status = launch(device, stream, ops, 1);
+    if (!status.error)
+        ga_cpu_logger_reset_window(state, max_metrics, capacity, first_step, nsteps);
     pthread_mutex_unlock(&sim_lock);
     return status;
 }

@@ -16,6 +16,18 @@ INT_DTYPES = ["uint8", "int8", "int16", "int32", "int64"]
 # long enough that work queued behind it is visibly still pending
 LONG_SLEEP_CYCLES = 1_000_000_000
 
+
+
+def simulated():
+    """True for a simulator build (GPUACCEL_SIM=1, kernels/sim.c): its
+    devices are simulated GPUs backed by host memory."""
+    try:
+        return gpuaccel.cuda_available() and gpuaccel.device_properties(0)["name"].startswith(
+            "gpuaccel simulated")
+    except Exception:
+        return False
+
+
 # tolerances of the form atol + rtol * |reference|, per dtype
 TOLERANCE = {
     "float16": (1e-3, 1e-3),

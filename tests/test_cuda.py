@@ -25,7 +25,8 @@ def gpu_busy():
 def drain():
     yield
     ga.synchronize()
-    torch.cuda.synchronize()
+    if torch.cuda.is_available():  # not on the simulator (GPUACCEL_SIM=1)
+        torch.cuda.synchronize()
 
 
 # ---------------------------------------------------------- kernels vs CPU
@@ -61,6 +62,7 @@ def test_fill_matches_cpu(dtype):
         assert strided.numpy().tobytes() == ref.numpy().tobytes()
 
 
+@pytest.mark.gpu
 def test_misaligned_device_views_use_the_byte_path(rng):
     raw = torch.empty(4 * 1000 + 1, dtype=torch.uint8, device="cuda")
     values = rng.standard_normal(1000).astype(np.float32)
@@ -120,6 +122,7 @@ def test_peer_copies(rng):
     np.testing.assert_array_equal(a.T.to("cuda:1").astype("float64").numpy(), x.T.astype(np.float64))
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not ga.cuda_available() or ga.device_count() < 2, reason="needs two GPUs")
 def test_peer_copy_from_legacy_streams_waits_for_the_source():
     # both sides on their device's legacy default stream: two different
@@ -135,6 +138,7 @@ def test_peer_copy_from_legacy_streams_waits_for_the_source():
     del c
 
 
+@pytest.mark.gpu
 def test_per_thread_stream_arrays_dropped_in_another_thread():
     # each thread's handle 2 is its own stream: an array made on thread A's
     # per-thread stream and dropped by thread B must be freed after A's work
@@ -166,6 +170,7 @@ def test_per_thread_stream_arrays_dropped_in_another_thread():
 
 # ------------------------------------------------------------ torch / CuPy
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
 def test_torch_cuda_zero_copy(rng, dtype):
     t = torch.from_numpy(random_values(rng, (40, 30), "float32" if dtype == "bfloat16" else dtype)).to(
@@ -179,6 +184,7 @@ def test_torch_cuda_zero_copy(rng, dtype):
     assert ga.asarray(t).__dlpack_device__() == (2, 0)
 
 
+@pytest.mark.gpu
 def test_dlpack_export_does_not_block_the_host():
     a = ga.zeros((1 << 20,), device="cuda")
     gpu_busy()  # on torch's current stream (the legacy default stream)
@@ -193,6 +199,7 @@ def test_dlpack_export_does_not_block_the_host():
     assert c.numpy().tolist() == [1.0] * 5
 
 
+@pytest.mark.gpu
 def test_consumer_stream_waits_for_producer_work():
     n = 1 << 22
     a = ga.zeros((n,), device="cuda")
@@ -208,6 +215,7 @@ def test_consumer_stream_waits_for_producer_work():
         a[...] = 0.0
 
 
+@pytest.mark.gpu
 def test_producer_side_stream_is_waited_on():
     s = ga.Stream()
     x = torch.full((1 << 20,), 3.0, device="cuda")
@@ -219,6 +227,7 @@ def test_producer_side_stream_is_waited_on():
     assert t.sum().item() == 3.0 * (1 << 20)
 
 
+@pytest.mark.gpu
 def test_stream_is_passed_to_producers_under_a_current_stream():
     seen = []
     t = torch.ones(4, device="cuda")
@@ -262,6 +271,7 @@ def test_cuda_array_interface_round_trip():
 
 # ------------------------------------------------------- streams and events
 
+@pytest.mark.gpu
 def test_stream_api():
     s = ga.Stream()
     assert s.device == "cuda:0" and s.handle != 0 and s == s and s != ga.current_stream()
@@ -280,6 +290,7 @@ def test_stream_api():
     assert s.query() and e.query()
 
 
+@pytest.mark.gpu
 def test_events_time_gpu_work():
     start, end = ga.Event(timing=True), ga.Event(timing=True)
     start.record()
@@ -289,6 +300,7 @@ def test_events_time_gpu_work():
     assert start.elapsed_ms(end) > 10.0
 
 
+@pytest.mark.gpu
 def test_synchronize_waits_and_event_wait():
     gpu_busy()
     e = ga.Event()
@@ -323,6 +335,7 @@ def test_device_pool_stats_limit_and_recovery():
     assert ga.memory_stats("cuda")["reserved_bytes"] <= s["reserved_bytes"]
 
 
+@pytest.mark.gpu
 def test_pinned_memory_is_pinned_and_reused():
     p = ga.empty(1 << 16, dtype="float32", pinned=True)
     t = torch.from_dlpack(p)
@@ -333,6 +346,7 @@ def test_pinned_memory_is_pinned_and_reused():
     assert q.data_ptr == ptr
 
 
+@pytest.mark.gpu
 def test_freeing_waits_for_other_streams_on_the_gpu():
     # memory used on a side stream must not be handed out again before that
     # stream is done with it
@@ -352,6 +366,7 @@ def test_freeing_waits_for_other_streams_on_the_gpu():
         del b
 
 
+@pytest.mark.gpu
 def test_arrays_outlive_the_stream_they_were_made_on(rng, monkeypatch):
     # arrays made under Streams that are then dropped are freed in those
     # streams' order later: the handles must still be valid streams then
@@ -379,6 +394,7 @@ def test_arrays_outlive_the_stream_they_were_made_on(rng, monkeypatch):
     assert ga.Stream(priority=-1).handle == handle
 
 
+@pytest.mark.gpu
 def test_device_properties_and_build_for_this_gpu():
     p = ga.device_properties()
     assert p["multiprocessors"] > 0 and p["total_memory"] > 0

@@ -35,6 +35,7 @@ def test_gpu_batches_equal_cpu_batches_bit_for_bit(rng, dtype, layout):
         assert gy.numpy().tobytes() == cy.numpy().tobytes()
 
 
+@pytest.mark.gpu
 def test_torch_tensors_on_the_current_stream(rng):
     x, y = data(rng)
     side = torch.cuda.Stream()
@@ -48,6 +49,7 @@ def test_torch_tensors_on_the_current_stream(rng):
     assert total.item() == y.sum()
 
 
+@pytest.mark.gpu
 def test_next_returns_while_the_gpu_is_busy(rng):
     x, y = data(rng, 2000)
     loader = ga.PinnedLoader([x, y], 100, transform=ga.ImageNormalize(0.5, 0.5))
@@ -62,6 +64,7 @@ def test_next_returns_while_the_gpu_is_busy(rng):
     assert yb.tolist() == list(range(100, 200))  # the values arrive once the stream gets there
 
 
+@pytest.mark.gpu
 def test_held_batches_stay_valid(rng):
     x, y = data(rng, 1000, image=(8, 8, 3))
     held = list(ga.PinnedLoader([x, y], 50, prefetch=1))  # far more batches than ring slots
@@ -70,6 +73,7 @@ def test_held_batches_stay_valid(rng):
         np.testing.assert_array_equal(xb.cpu().numpy(), x[50 * k: 50 * k + 50])
 
 
+@pytest.mark.gpu
 def test_memory_returns_to_the_pool(rng):
     x, y = data(rng, 400)
     loader = ga.PinnedLoader([x, y], 32, output="gpuaccel")

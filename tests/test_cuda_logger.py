@@ -9,7 +9,7 @@ from helpers import LONG_SLEEP_CYCLES
 
 import gpuaccel as ga
 
-pytestmark = pytest.mark.cuda
+pytestmark = [pytest.mark.cuda, pytest.mark.gpu]  # every test here needs torch's CUDA
 torch = pytest.importorskip("torch")
 
 

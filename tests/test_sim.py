@@ -17,18 +17,9 @@ import sys
 import textwrap
 
 import pytest
+from helpers import simulated
 
-import gpuaccel as ga
-
-
-def _simulated():
-    try:
-        return ga.cuda_available() and ga.device_properties(0)["name"].startswith("gpuaccel simulated")
-    except Exception:
-        return False
-
-
-pytestmark = pytest.mark.skipif(not _simulated(), reason="needs a simulator build (GPUACCEL_SIM=1)")
+pytestmark = pytest.mark.skipif(not simulated(), reason="needs a simulator build (GPUACCEL_SIM=1)")
 
 PRELUDE = """
 import threading
@@ -37,15 +28,15 @@ import gpuaccel as ga
 """
 
 
-def run_sim(code, devices=2):
+def run_sim(code, devices=2, prelude=""):
     env = dict(os.environ, GPUACCEL_SIM_DEVICES=str(devices))
-    proc = subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(code)], env=env,
+    proc = subprocess.run([sys.executable, "-c", PRELUDE + prelude + textwrap.dedent(code)], env=env,
                           capture_output=True, text=True, timeout=300)
     return proc
 
 
-def assert_ordered(code, devices=2):
-    proc = run_sim(code, devices)
+def assert_ordered(code, devices=2, prelude=""):
+    proc = run_sim(code, devices, prelude)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "ordering violation" not in proc.stderr
     return proc.stdout
@@ -274,3 +265,156 @@ def test_random_programs_over_streams_threads_and_devices():
             del arr
         print("ok")
     """)
+
+
+# ------------------------------------------- library kernels on the simulator
+# matmul, conv, the activation epilogues, the loader's normalize and the
+# logger's update run as their CPU twins over simulated device memory, so
+# the CUDA paths of csrc/ops.c, losslog.c and loader.c run end to end:
+# results are checked against the CPU device, ordering by the simulator.
+
+OPS_PRELUDE = """
+TOL = {"float32": 2e-5, "float64": 1e-12, "float16": 4e-3, "bfloat16": 3e-2}
+
+def close(got, want, dt, what):
+    g = got.astype("float64").numpy()
+    w = want.astype("float64").numpy()
+    scale = max(1.0, float(np.abs(w).max())) if w.size else 1.0
+    np.testing.assert_allclose(g, w, rtol=TOL[dt], atol=TOL[dt] * scale, err_msg=what)
+"""
+
+
+def test_ops_on_streams_devices_and_threads_match_the_cpu():
+    out = assert_ordered(prelude=OPS_PRELUDE, code="""
+        rng = np.random.default_rng(2024)
+        devices = ["cuda:0", "cuda:1"]
+        dtypes = ["float32", "float64", "float16", "bfloat16"]
+        acts = [None, "relu", "gelu"]
+
+        def one_case(seed, streams, dev):
+            r = np.random.default_rng(seed)
+            dt = dtypes[r.integers(4)]
+            act = acts[r.integers(3)]
+            s_in, s_op = streams[r.integers(len(streams))], streams[r.integers(len(streams))]
+            M, K, N = (int(v) for v in r.integers(1, 40, 3))
+            lead = (int(r.integers(1, 4)),)
+            host = {
+                "x": r.standard_normal(lead + (M, K)), "w": r.standard_normal((N, K)),
+                "b": r.standard_normal(N), "gy": r.standard_normal(lead + (M, N)),
+                "xc": r.standard_normal((2, 3, 9, 11)), "wc": r.standard_normal((5, 3, 3, 3)),
+                "bc": r.standard_normal(5), "gyc": None,
+            }
+            stride, pad = int(r.integers(1, 3)), int(r.integers(0, 2))
+            P, Q = (9 + 2 * pad - 3) // stride + 1, (11 + 2 * pad - 3) // stride + 1
+            host["gyc"] = r.standard_normal((2, 5, P, Q))
+            cpu = {k: ga.asarray(v.astype(np.float32)).astype(dt) for k, v in host.items()}
+            with s_in:                       # inputs made on one stream...
+                gpu = {k: v.to(dev) for k, v in cpu.items()}
+            s_op.wait_stream(s_in)           # ...used on another: the user's ordering
+            with s_op:
+                y, z = ga.linear(gpu["x"], gpu["w"], gpu["b"], activation=act, save_preactivation=True)
+                grads = ga.linear_backward(gpu["gy"], gpu["x"], gpu["w"], activation=act, preactivation=z)
+                m = ga.matmul(gpu["x"], gpu["w"].T, bias=gpu["b"], activation=act)
+                yc, zc = ga.conv2d(gpu["xc"], gpu["wc"], gpu["bc"], stride=stride, padding=pad,
+                                   activation=act, save_preactivation=True)
+                cgrads = ga.conv2d_backward(gpu["gyc"], gpu["xc"], gpu["wc"], stride=stride, padding=pad,
+                                            activation=act, preactivation=zc)
+            del gpu                          # freed while s_op may still read them
+            ry, rz = ga.linear(cpu["x"], cpu["w"], cpu["b"], activation=act, save_preactivation=True)
+            rgrads = ga.linear_backward(cpu["gy"], cpu["x"], cpu["w"], activation=act, preactivation=rz)
+            rm = ga.matmul(cpu["x"], cpu["w"].T, bias=cpu["b"], activation=act)
+            ryc, rzc = ga.conv2d(cpu["xc"], cpu["wc"], cpu["bc"], stride=stride, padding=pad,
+                                 activation=act, save_preactivation=True)
+            rcgrads = ga.conv2d_backward(cpu["gyc"], cpu["xc"], cpu["wc"], stride=stride, padding=pad,
+                                         activation=act, preactivation=rzc)
+            what = "%s %s %s" % (dt, act, dev)
+            for got, want, name in zip((y, z, m, yc, zc) + tuple(grads) + tuple(cgrads),
+                                       (ry, rz, rm, ryc, rzc) + tuple(rgrads) + tuple(rcgrads),
+                                       ["y", "z", "matmul", "conv y", "conv z", "gx", "gw", "gb",
+                                        "conv gx", "conv gw", "conv gb"]):
+                assert (got is None) == (want is None), name
+                if got is None:      # no separate pre-activation without an activation
+                    continue
+                assert got.device == dev and got.dtype == want.dtype, (name, got, want)
+                close(got, want, dt, name + " " + what)   # read back on the legacy stream
+            return dt
+
+        seen = set()
+        for case in range(16):
+            dev = devices[case % 2]
+            streams = [ga.Stream.from_handle(1, device=dev), ga.Stream(device=dev), ga.Stream(device=dev)]
+            seen.add(one_case(case, streams, dev))
+
+        errors = []
+        def worker(k):
+            try:
+                with ga.Stream.from_handle(2):
+                    for i in range(3):
+                        one_case(100 + 10 * k + i, [ga.Stream.from_handle(2), ga.Stream()], "cuda:0")
+            except BaseException as e:
+                errors.append(e)
+        threads = [threading.Thread(target=worker, args=(k,)) for k in range(3)]
+        for t in threads: t.start()
+        for t in threads: t.join()
+        assert not errors, errors
+        stats = ga.matmul_stats()
+        assert stats["cuda_calls"] > 0 and ga.conv_stats()["cuda_calls"] > 0
+        print(sorted(seen))
+    """)
+    assert out.split() == ["['bfloat16',", "'float16',", "'float32',", "'float64']"]
+
+
+def test_out_arrays_and_workspaces_across_many_streams():
+    # out= made on another stream; more streams than the workspace table
+    # holds (the oldest workspace is freed in its stream's order)
+    assert_ordered(prelude=OPS_PRELUDE, code="""
+        rng = np.random.default_rng(5)
+        x = rng.standard_normal((33, 17)).astype(np.float32)
+        w = rng.standard_normal((9, 17)).astype(np.float32)
+        X, W = ga.asarray(x).to("cuda:0"), ga.asarray(w).to("cuda:0")
+        ref = ga.linear(ga.asarray(x), ga.asarray(w), activation="relu")
+        outs = []
+        for k in range(40):
+            maker, user = ga.Stream(), ga.Stream()
+            with maker:
+                out = ga.empty((33, 9), device="cuda:0")
+            user.wait_stream(maker)
+            with user:
+                outs.append((ga.linear(X, W, activation="relu", out=out), out))
+        for y, out in outs:
+            assert y is out
+            close(out, ref, "float32", "out=")
+        # a strided view as input (copied to a describable operand on the op's stream)
+        big = ga.asarray(rng.standard_normal((66, 34)).astype(np.float32)).to("cuda:0")
+        with ga.Stream():
+            y = ga.linear(big[::2, ::2], W)
+        close(y, ga.linear(ga.asarray(big.numpy()[::2, ::2]), ga.asarray(w)), "float32", "strided")
+    """)
+
+
+def test_loader_normalizes_on_the_device():
+    assert_ordered("""
+        rng = np.random.default_rng(4)
+        imgs = rng.integers(0, 256, (101, 9, 11, 3), dtype=np.uint8)
+        labels = np.arange(101)
+        mean, std = [0.5, 0.4, 0.45], [0.2, 0.25, 0.3]
+        side = ga.Stream()
+        for dtype, layout, tol in [("float32", "NCHW", 1e-6), ("bfloat16", "NHWC", 1e-2)]:
+            loader = ga.PinnedLoader([imgs, labels], 16, shuffle=True, seed=1, device="cuda:0",
+                                     output="gpuaccel", num_threads=3,
+                                     transform=ga.ImageNormalize(mean, std, dtype=dtype, layout=layout))
+            seen = []
+            for epoch in range(2):
+                for x, y in loader:
+                    idx = y.numpy()
+                    want = (imgs[idx] / 255.0 - np.array(mean)) / np.array(std)
+                    if layout == "NCHW":
+                        want = want.transpose(0, 3, 1, 2)
+                    with side:                      # consumed on another stream
+                        got = x.astype("float64")
+                    np.testing.assert_allclose(got.numpy(), want, rtol=tol, atol=tol)
+                    seen.append(idx)
+                    del x, y, got
+            np.testing.assert_array_equal(np.sort(np.concatenate(seen)), np.repeat(labels, 2))
+    """)
+
