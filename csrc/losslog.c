@@ -496,7 +496,8 @@ static int close_window(ga_state *st, LoggerObject *lg)
         return -1;
     GA_CHECK(st, ga_cuda_logger_reset_window(lg->device, lg->device_state->ptr, lg->max_metrics,
                                              lg->capacity, end + 1, lg->every, s));
-    return 0;
+    /* the state is not freed before the copy and the reset ran */
+    return ga_block_record_use(st, lg->device_state, lg->device, s);
 error:
     return -1;
 }
@@ -919,7 +920,7 @@ static int read_graph_steps(ga_state *st, LoggerObject *lg)
     GA_CHECK(st, ga_cuda_logger_reset_window(lg->device, lg->device_state->ptr, lg->max_metrics,
                                              lg->capacity, lg->window_start, lg->every,
                                              lg->last_stream));
-    return 0;
+    return ga_block_record_use(st, lg->device_state, lg->device, lg->last_stream);
 error:
     return -1;
 }

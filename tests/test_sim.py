@@ -392,6 +392,34 @@ def test_out_arrays_and_workspaces_across_many_streams():
     """)
 
 
+def test_logger_with_values_from_several_streams():
+    # the logger's state is updated on each value's stream in turn and read
+    # back once per window; closing frees it after the last window's copy
+    out = assert_ordered("""
+        rng = np.random.default_rng(3)
+        vals = rng.standard_normal(53).astype(np.float32)
+        got = []
+        log = ga.LossLogger(every=7, capacity=64, on_log=lambda step, v: got.append((step, v["loss"])))
+        side = [ga.Stream(), ga.Stream.from_handle(1), ga.Stream()]
+        for i, v in enumerate(vals):
+            with side[i % 3]:
+                a = ga.asarray(np.array(v)).to("cuda:0")
+                log.log(loss=a, twice=a.astype("float64"))
+            del a
+        summary = log.flush()
+        steps = [s for s, _ in got]
+        assert steps == [7, 14, 21, 28, 35, 42, 49, 53], steps
+        want = [vals[s - 7 if s % 7 == 0 else 49:s].astype(np.float64).mean() for s in steps]
+        np.testing.assert_allclose([m for _, m in got], want, rtol=1e-6)
+        np.testing.assert_array_equal(log.history("loss"), vals.astype(np.float64))
+        assert summary["twice"]["count"] == 53
+        log.close()
+        del log
+        print("ok")
+    """)
+    assert out.split() == ["ok"]
+
+
 def test_loader_normalizes_on_the_device():
     assert_ordered("""
         rng = np.random.default_rng(4)
