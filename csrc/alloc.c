@@ -313,7 +313,13 @@ static ga_status alloc_pinned(ga_block *b, size_t size)
     void *ptr = NULL;
     if (size > 0) {
         ptr = pinned_take_cached(cls);
-        if (!ptr) {
+        if (ptr) {
+            /* its copies are done: the new owner may write it at once
+             * (only the simulator can say otherwise) */
+            ga_status status = ga_cuda_host_access(ptr, capacity, 1);
+            if (status.error)
+                return status;
+        } else {
             ga_status status = ga_cuda_host_alloc(capacity, &ptr);
             if (status.error == GA_ERR_OUT_OF_MEMORY && pinned_release_ready() > 0)
                 status = ga_cuda_host_alloc(capacity, &ptr);
@@ -502,6 +508,32 @@ int ga_block_record_use(ga_state *st, ga_block *b, int device, ga_stream stream)
 {
     ga_status status = ga_block_record_use_status(b, device, stream);
     return status.error ? ga_raise(st, status) : 0;
+}
+
+ga_status ga_block_host_wait(ga_block *b)
+{
+    if (!b || b->kind != GA_MEM_PINNED || !b->ptr)
+        return ga_ok();
+    ga_status status = ga_ok();
+    for (;;) {
+        /* take the newest use out of the block and wait for it unlocked
+         * (the caller holds the block, so nobody frees it meanwhile) */
+        alloc_lock_acquire();
+        int k = b->n_uses - 1;
+        ga_event event = k >= 0 ? b->use_events[k] : NULL;
+        int device = k >= 0 ? b->use_devices[k] : -1;
+        b->n_uses = k >= 0 ? k : 0;
+        pthread_mutex_unlock(&alloc_lock);
+        if (!event)
+            break;
+        status = ga_cuda_event_synchronize(device, event);
+        alloc_lock_acquire();
+        event_put(device, event);
+        pthread_mutex_unlock(&alloc_lock);
+        if (status.error)
+            return status;
+    }
+    return ga_cuda_host_access(b->ptr, b->size, 1);
 }
 
 ga_status ga_block_wait_all(ga_block *b, int device, ga_stream stream)

@@ -71,6 +71,14 @@ int ga_block_record_use(ga_state *st, ga_block *block, int device, ga_stream str
  * Used when memory is handed to a consumer that will read it on `stream`. */
 ga_status ga_block_wait_all(ga_block *block, int device, ga_stream stream);
 
+/* Before the host writes a pinned block (or hands it to a host consumer
+ * that may): waits for the GPU copies that still read it, as a
+ * synchronous copy would have.  A user's pinned block is busy only after
+ * an async host-to-device copy from it (copies into one are waited for at
+ * once), so nothing on the training path waits here.  No GIL needed (call
+ * it without). */
+ga_status ga_block_host_wait(ga_block *block);
+
 /* Records a use like ga_block_record_use, reporting instead of raising
  * (for deleters, which run without a way to raise). */
 ga_status ga_block_record_use_status(ga_block *block, int device, ga_stream stream);

@@ -151,6 +151,16 @@ int ga_array_record_stream(ga_state *st, ArrayObject *a, ga_stream stream)
     return ga_block_record_use(st, a->block, device, stream);
 }
 
+int ga_array_before_host_write(ga_state *st, ArrayObject *a)
+{
+    if (a->device.type != GA_DEVICE_CPU || !a->block || a->block->kind != GA_MEM_PINNED)
+        return 0;
+    GA_CHECK_NOGIL(st, ga_block_host_wait(a->block));
+    return 0;
+error:
+    return -1;
+}
+
 static ArrayObject *array_alloc(ga_state *st)
 {
     ArrayObject *a = (ArrayObject *)st->ArrayType->tp_alloc(st->ArrayType, 0);
@@ -821,6 +831,10 @@ PyObject *ga_array_numpy_view(ga_state *st, ArrayObject *a)
     if (!descr)
         return NULL;
     int flags = a->flags & GA_ARRAY_READONLY ? 0 : NPY_ARRAY_WRITEABLE;
+    if (flags && ga_array_before_host_write(st, a) < 0) {
+        Py_DECREF(descr);
+        return NULL;
+    }
     PyObject *arr = PyArray_NewFromDescr(&PyArray_Type, descr, a->ndim, (npy_intp *)a->shape,
                                          (npy_intp *)a->strides, a->data, flags, NULL);
     if (!arr)
@@ -1093,6 +1107,9 @@ static int Array_getbuffer(ArrayObject *self, Py_buffer *view, int flags)
         PyErr_SetString(PyExc_BufferError, "the array is read-only");
         return -1;
     }
+    ga_state *st = ga_state_from_type(Py_TYPE(self));
+    if (!st || (!(self->flags & GA_ARRAY_READONLY) && ga_array_before_host_write(st, self) < 0))
+        return -1;
     int contiguous = ga_array_is_contiguous(self);
     if (!(flags & PyBUF_STRIDES) || (flags & PyBUF_C_CONTIGUOUS) == PyBUF_C_CONTIGUOUS ||
         (flags & PyBUF_ANY_CONTIGUOUS) == PyBUF_ANY_CONTIGUOUS) {

@@ -89,6 +89,9 @@ ga_block *ga_array_block(const ArrayObject *a);
  * ga_block_prepare_use) and after it (see ga_block_record_use). */
 int ga_array_prepare_stream(ga_state *st, ArrayObject *a, ga_stream stream);
 int ga_array_record_stream(ga_state *st, ArrayObject *a, ga_stream stream);
+/* Before the host writes a host array (or exports it writable): waits for
+ * async copies still reading it when it is pinned.  -1 with an exception. */
+int ga_array_before_host_write(ga_state *st, ArrayObject *a);
 /* 1 when the two arrays' memory ranges intersect (same device). */
 int ga_arrays_may_overlap(const ArrayObject *a, const ArrayObject *b);
 /* Checks shape entries and that the byte size fits; fills *numel. */

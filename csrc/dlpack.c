@@ -283,6 +283,8 @@ PyObject *ga_array_dlpack(ArrayObject *self, PyObject *const *args, Py_ssize_t n
                         "DLPack tensor (the consumer must pass max_version >= (1, 0))");
         goto error;
     }
+    if (!readonly && ga_array_before_host_write(st, x) < 0)
+        goto error; /* a writable pinned export: async copies may still read it */
     for (int d = 0; d < ndim; d++) {
         if (x->strides[d] % (int64_t)itemsize) {
             PyErr_Format(PyExc_BufferError,

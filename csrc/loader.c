@@ -283,6 +283,14 @@ static int open_slot(LoaderIterObject *it, loader_slot *slot, int64_t batch)
         pthread_mutex_unlock(&it->mu);
         slot->copied_pending = 0;
     }
+    for (int i = 0; cuda && i < it->nsources; i++) {
+        /* the workers write the staging buffers next */
+        ga_status status = ga_cuda_host_access(slot->pinned[i]->ptr, slot->pinned[i]->size, 1);
+        if (status.error) {
+            fail(it, status, 0, NULL);
+            return -1;
+        }
+    }
     ga_mem_kind kind = cuda ? GA_MEM_DEVICE : it->pinned_out ? GA_MEM_PINNED : GA_MEM_HOST;
     for (int i = 0; i < it->nsources; i++) {
         ga_status status = ga_block_alloc_status(kind, cuda ? it->device.index : -1,

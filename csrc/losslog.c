@@ -606,6 +606,8 @@ static int deliver(ga_state *st, LoggerObject *lg, int wait)
             return -1;
         if (!ready)
             break;
+        if (r->pinned)
+            GA_CHECK(st, ga_cuda_host_access(r->pinned->ptr, r->pinned->size, 0));
         PyObject *data = window_dict(lg, r);
         window_record done = *r;
         memmove(&lg->pending[0], &lg->pending[1], (size_t)(lg->npending - 1) * sizeof *r);

@@ -159,6 +159,7 @@ static int copy_device_to_host(ga_state *st, ArrayObject *dst, ArrayObject *src,
     if (ga_array_record_stream(st, src, stream) < 0)
         goto done;
     GA_CHECK_NOGIL(st, ga_cuda_stream_synchronize(device, stream));
+    GA_CHECK(st, ga_cuda_host_access(landing, (size_t)tensor_nbytes(source), 0));
     if (!direct && cpu_copy(st, &d, &staging.t) < 0)
         goto done;
     rc = 0;
@@ -226,6 +227,8 @@ int ga_copy_into(ga_state *st, ArrayObject *dst, ArrayObject *src, PyObject *str
         return 0;
     int dst_cuda = dst->device.type == GA_DEVICE_CUDA;
     int src_cuda = src->device.type == GA_DEVICE_CUDA;
+    if (!dst_cuda && ga_array_before_host_write(st, dst) < 0)
+        return -1; /* a pinned destination: async copies may still read it */
     if (!dst_cuda && !src_cuda) {
         ga_tensor d = ga_array_tensor(dst), s = ga_array_tensor(src);
         return cpu_copy(st, &d, &s);
@@ -325,6 +328,8 @@ int ga_array_fill(ga_state *st, ArrayObject *dst, PyObject *value)
         return -1;
     ga_tensor t = ga_array_tensor(dst);
     if (dst->device.type == GA_DEVICE_CPU) {
+        if (ga_array_before_host_write(st, dst) < 0)
+            return -1;
         ga_status status;
         if (tensor_nbytes(&t) >= GA_NOGIL_THRESHOLD_BYTES) {
             Py_BEGIN_ALLOW_THREADS status = ga_cpu_fill(&t, scalar);

@@ -17,7 +17,7 @@
  *     the blocking streams of its device (the per-thread default streams,
  *     handle 2, one per thread), and they follow its earlier work;
  *   - stream/event synchronize and a successful query: the host has seen
- *     that work finish.
+ *     that work finish (the host as a whole: see host_seen).
  *
  * Every access to a simulated allocation is checked against those clocks:
  * use before the allocation is ordered, a read or write not ordered after
@@ -80,7 +80,12 @@ static sim_stream *legacy[SIM_MAX_DEVICES];
 static region *regions;
 static uint64_t device_bytes[SIM_MAX_DEVICES], device_peak[SIM_MAX_DEVICES];
 static __thread sim_stream *per_thread[SIM_MAX_DEVICES];
-static __thread vclock host_seen; /* what this host thread has seen finish */
+/* What the host has seen finish.  One for the process, not per thread:
+ * host threads order their work with mutexes the simulator cannot see (a
+ * loader worker writes a buffer whose copy the thread that set it up
+ * waited for), and in the one interleaving a run explores, work queued
+ * after a wait returned does follow it. */
+static vclock host_seen;
 static __thread int current_device;
 
 #define SIM_STATUS(msg) GA_STATUS(GA_ERR_INVALID_VALUE, "simulated CUDA: " msg)
@@ -735,6 +740,29 @@ ga_status ga_cuda_memcpy_async(int device, void *dst, const void *src, size_t si
                 join(&host_seen, &v);
         }
     }
+    pthread_mutex_unlock(&sim_lock);
+    return status;
+}
+
+ga_status ga_cuda_host_access(const void *ptr, size_t size, int write)
+{
+    if (!ptr || !size)
+        return ga_ok();
+    pthread_mutex_lock(&sim_lock);
+    region *r = find_region(ptr);
+    ga_status status = ga_ok();
+    if (r && r->kind == 2)
+        status = violation("host access to device memory", r, NULL);
+    else if (r && r->freed)
+        status = violation("host use of freed pinned memory", r, NULL);
+    else if (r && (const char *)ptr + size > r->ptr + r->size)
+        status = violation("host access past the end of a pinned allocation", r, NULL);
+    else if (r && r->written && !ordered_before(&r->last_write, &host_seen))
+        status = violation(write ? "host write before a copy into it finished"
+                                 : "host read before a copy into it finished",
+                           r, NULL);
+    else if (r && write && !ordered_before(&r->reads, &host_seen))
+        status = violation("host write before a copy from it finished", r, NULL);
     pthread_mutex_unlock(&sim_lock);
     return status;
 }

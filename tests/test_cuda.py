@@ -367,6 +367,25 @@ def test_freeing_waits_for_other_streams_on_the_gpu():
 
 
 @pytest.mark.gpu
+def test_host_writes_to_a_pinned_array_wait_for_the_async_copy_from_it():
+    # .to("cuda") from a pinned array is async (no host wait on the training
+    # path); the host's next write to that array waits for the copy instead
+    side = ga.Stream()
+    writes = [lambda v: buf.__setitem__(Ellipsis, v),                      # gpuaccel's fill
+              lambda v: buf.__setitem__(Ellipsis, ga.full(buf.shape, v)),   # a host copy
+              lambda v: buf.numpy().__setitem__(Ellipsis, v),               # a NumPy view
+              lambda v: np.asarray(memoryview(buf)).__setitem__(Ellipsis, v)]
+    for write in writes:
+        buf = ga.full((1 << 22,), 1.0, pinned=True)
+        with torch.cuda.stream(torch.cuda.ExternalStream(side.handle)):
+            gpu_busy()
+        with side:
+            dev = buf.to("cuda")      # queued behind the sleep: still reading buf
+        write(2.0)                    # must not overwrite what the copy reads
+        assert dev.numpy().max() == 1.0 and buf.numpy().min() == 2.0
+
+
+@pytest.mark.gpu
 def test_arrays_outlive_the_stream_they_were_made_on(rng, monkeypatch):
     # arrays made under Streams that are then dropped are freed in those
     # streams' order later: the handles must still be valid streams then

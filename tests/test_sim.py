@@ -446,3 +446,27 @@ def test_loader_normalizes_on_the_device():
             np.testing.assert_array_equal(np.sort(np.concatenate(seen)), np.repeat(labels, 2))
     """)
 
+
+def test_host_writes_to_pinned_memory_follow_async_copies_from_it():
+    # an async copy from a pinned array may still be reading it: every way
+    # the host writes it (or hands it out writable) waits for that copy
+    out = assert_ordered("""
+        buf = ga.empty((1000,), dtype="float32", pinned=True)
+        side = ga.Stream()
+        results = []
+        writes = [
+            lambda k: buf.__setitem__(Ellipsis, float(k)),
+            lambda k: buf.numpy().__setitem__(Ellipsis, k),
+            lambda k: memoryview(buf).cast("B").__setitem__(slice(0, 4000), np.full(1000, k, np.float32).tobytes()),
+            lambda k: np.from_dlpack(buf).__setitem__(Ellipsis, k),
+            lambda k: buf.__setitem__(Ellipsis, ga.full((1000,), float(k), device="cuda:0")),
+        ]
+        for k, write in enumerate(writes * 2):
+            write(k)
+            with side:
+                results.append((k, buf.to("cuda:0")))
+        for k, d in results:
+            assert d.numpy().min() == k and d.numpy().max() == k, (k, d.numpy()[:3])
+        print(len(results))
+    """)
+    assert out.split() == ["10"]
