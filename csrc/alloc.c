@@ -408,6 +408,25 @@ ga_status ga_block_alloc_status(ga_mem_kind kind, int device, size_t size, ga_st
     return ga_ok();
 }
 
+ga_status ga_block_borrow(int device, void *ptr, size_t size, ga_stream stream, ga_block **out)
+{
+    *out = NULL;
+    if (device < 0 || device >= GA_MAX_DEVICES)
+        return GA_STATUS(GA_ERR_INVALID_VALUE, "CUDA device ordinal out of range");
+    ga_block *b = calloc(1, sizeof *b);
+    if (!b)
+        return oom_status(GA_ERR_HOST_OUT_OF_MEMORY, "could not allocate a block record");
+    b->kind = GA_MEM_DEVICE;
+    b->borrowed = 1;
+    b->device = device;
+    b->ptr = ptr;
+    b->size = b->capacity = size;
+    b->stream = stream;
+    b->owner = stream_thread(stream);
+    *out = b;
+    return ga_ok();
+}
+
 ga_block *ga_block_alloc(ga_state *st, ga_mem_kind kind, int device, size_t size,
                          ga_stream stream)
 {
@@ -551,8 +570,6 @@ ga_status ga_block_wait_all(ga_block *b, int device, ga_stream stream)
     return status;
 }
 
-
-
 static void report_unraisable(ga_status status)
 {
     /* No exception may escape a dealloc; at interpreter exit the CUDA
@@ -612,6 +629,8 @@ void ga_block_free(ga_block *b)
             event_put(b->use_devices[k], b->use_events[k]);
         }
         b->n_uses = 0;
+        if (b->borrowed) /* the owner frees it, after what home now waits for */
+            break;
         if (!status.error)
             status = ga_cuda_free_async(b->device, b->ptr, home);
         count_free(&device_counters[b->device], b->capacity);

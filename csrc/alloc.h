@@ -40,7 +40,18 @@ typedef struct {
      * knows that point better than "the allocation stream's tail" (the
      * loader's copy stream holds later batches too); NULL otherwise */
     ga_event ready;
+    /* DEVICE memory another library owns (see ga_block_borrow) */
+    int borrowed;
 } ga_block;
+
+/* The stream bookkeeping of gpuaccel's device blocks for memory another
+ * library owns (a DLPack or __cuda_array_interface__ import): `stream` is
+ * where the import made the contents valid (the consumer stream the
+ * producer ordered its work for), so a first use on another stream waits
+ * for it and uses are recorded as for gpuaccel's own blocks; freeing frees
+ * nothing and makes that stream wait for the uses before the producer's
+ * memory is let go. */
+ga_status ga_block_borrow(int device, void *ptr, size_t size, ga_stream stream, ga_block **out);
 
 /* The same without Python (for threads that do not hold the GIL): returns
  * the status instead of raising. */

@@ -151,6 +151,21 @@ int ga_array_record_stream(ga_state *st, ArrayObject *a, ga_stream stream)
     return ga_block_record_use(st, a->block, device, stream);
 }
 
+int ga_array_track_import(ga_state *st, ArrayObject *a)
+{
+    if (a->device.type != GA_DEVICE_CUDA || a->block || !a->data || ga_array_size(a) == 0)
+        return 0;
+    ga_stream stream;
+    if (ga_current_stream(st, a->device.index, &stream) < 0)
+        return -1;
+    size_t size = (size_t)ga_array_size(a) * ga_dtype_itemsize(a->dtype);
+    GA_CHECK(st, ga_block_borrow(a->device.index, a->data, size, stream, &a->block));
+    a->owns_block = 1;
+    return 0;
+error:
+    return -1;
+}
+
 int ga_array_before_host_write(ga_state *st, ArrayObject *a)
 {
     if (a->device.type != GA_DEVICE_CPU || !a->block || a->block->kind != GA_MEM_PINNED)

@@ -23,12 +23,14 @@ typedef struct {
     int64_t shape[GA_MAX_NDIM];
     int64_t strides[GA_MAX_NDIM]; /* bytes */
     /* Who keeps the memory alive: exactly one of
-     *   owns_block: memory this array allocated (it is the root);
+     *   block with owns_block: memory this array allocated (it is the root);
      *   dlpack: a consumed DLPack tensor (this array is the root);
      *   base:  the root Array of a view, or a foreign owner (a NumPy array,
      *          an object exposing __cuda_array_interface__).
-     * Views of gpuaccel memory also carry the root's block, borrowed, so
-     * that work on other streams can be recorded on it. */
+     * An imported CUDA root also owns a borrowed block (ga_block_borrow):
+     * stream bookkeeping only, released before the producer's memory.
+     * Views carry the root's block, borrowed, so that work on other streams
+     * can be recorded on it. */
     ga_block *block;  /* the allocation behind the memory (borrowed in views) */
     int owns_block;   /* 1 in the root array, which frees it */
     void *dlpack;     /* a consumed DLPack tensor whose deleter this root calls */
@@ -89,6 +91,11 @@ ga_block *ga_array_block(const ArrayObject *a);
  * ga_block_prepare_use) and after it (see ga_block_record_use). */
 int ga_array_prepare_stream(ga_state *st, ArrayObject *a, ga_stream stream);
 int ga_array_record_stream(ga_state *st, ArrayObject *a, ga_stream stream);
+/* Gives an imported CUDA root array (DLPack, __cuda_array_interface__) the
+ * stream bookkeeping of gpuaccel's own memory, its contents valid on the
+ * current stream (where the import ordered the producer's work).  -1 with
+ * an exception. */
+int ga_array_track_import(ga_state *st, ArrayObject *a);
 /* Before the host writes a host array (or exports it writable): waits for
  * async copies still reading it when it is pinned.  -1 with an exception. */
 int ga_array_before_host_write(ga_state *st, ArrayObject *a);

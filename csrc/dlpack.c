@@ -523,6 +523,10 @@ static ArrayObject *import_capsule(ga_state *st, PyObject *capsule)
         Py_DECREF(arr);
         return NULL;
     }
+    if (ga_array_track_import(st, arr) < 0) {
+        Py_DECREF(arr); /* the Array owns the tensor now: its deleter runs */
+        return NULL;
+    }
     return arr;
 }
 
@@ -848,8 +852,11 @@ ArrayObject *ga_from_cuda_array_interface(ga_state *st, PyObject *obj, PyObject 
         GA_CHECK(st, ga_cuda_stream_wait_stream(device, ours, device, (ga_stream)(uintptr_t)s));
     }
     ga_device where = {GA_DEVICE_CUDA, device};
-    return ga_array_wrap(st, ptr, dtype, ndim, shape, nstrides ? strides : NULL, where,
-                         readonly ? GA_ARRAY_READONLY : 0, obj);
+    ArrayObject *a = ga_array_wrap(st, ptr, dtype, ndim, shape, nstrides ? strides : NULL, where,
+                                   readonly ? GA_ARRAY_READONLY : 0, obj);
+    if (a && ga_array_track_import(st, a) < 0)
+        Py_CLEAR(a);
+    return a;
 error:
     return NULL;
 }

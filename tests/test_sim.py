@@ -166,6 +166,33 @@ def test_dlpack_export_to_a_consumer_stream():
     """)
 
 
+def test_imported_arrays_follow_their_import_stream():
+    # an array imported through DLPack or __cuda_array_interface__ is valid
+    # on the stream the import ordered the producer for; used on another
+    # stream it waits for that one, and dropping it lets the producer's
+    # memory go only after those uses
+    out = assert_ordered("""
+        class CAI:
+            def __init__(self, a, stream):
+                self.__cuda_array_interface__ = dict(a.__cuda_array_interface__, stream=stream)
+
+        for dev in ["cuda:0", "cuda:1"]:
+            s1, s2 = ga.Stream(device=dev), ga.Stream(device=dev)
+            with s1:
+                a = ga.full((1000,), 3.0, device=dev)
+                by_dlpack = ga.from_dlpack(a)               # consumer stream: s1
+                by_cai = ga.asarray(CAI(a, s1.handle))
+            host = by_cai.numpy()                           # read on the legacy stream
+            with s2:
+                doubled = by_dlpack[::2].astype("float64")  # a view, read on s2
+            del by_dlpack, by_cai, a                        # the producer frees a after both
+            with s2:
+                b = ga.full((1000,), 9.0, device=dev)       # may reuse a's memory
+            print(host.min(), doubled.numpy().max())
+    """)
+    assert out.split() == ["3.0", "3.0", "3.0", "3.0"]
+
+
 def test_loader_batches_used_on_other_streams():
     assert_ordered("""
         x = np.random.default_rng(0).standard_normal((1000, 7)).astype(np.float32)
@@ -470,3 +497,75 @@ def test_host_writes_to_pinned_memory_follow_async_copies_from_it():
         print(len(results))
     """)
     assert out.split() == ["10"]
+
+
+def test_eight_threads_on_two_simulated_gpus():
+    # the thread-safety scenario of test_stress on the CUDA paths: 8 threads
+    # at once make arrays on their own streams of both devices, exchange
+    # them through DLPack and __cuda_array_interface__, run ops, iterate a
+    # loader and log; every value exact (or within dtype tolerance), no
+    # deadlock, and every access ordered
+    out = assert_ordered(prelude=OPS_PRELUDE, code="""
+        x_all = np.random.default_rng(0).standard_normal((300, 6)).astype(np.float32)
+        y_all = np.arange(300, dtype=np.int64)
+
+        class CAI:
+            def __init__(self, a, stream):
+                self.__cuda_array_interface__ = dict(a.__cuda_array_interface__, stream=stream)
+
+        errors = []
+        barrier = threading.Barrier(8)
+
+        def work(k):
+            try:
+                r = np.random.default_rng(k)
+                dev = "cuda:%d" % (k % 2)
+                mine, other = ga.Stream(device=dev), ga.Stream(device=dev)
+                log = ga.LossLogger(every=4)
+                loader = ga.PinnedLoader([x_all, y_all], 32 + k, shuffle=True, seed=k, device=dev,
+                                         output="gpuaccel", num_threads=2)
+                barrier.wait()
+                logged = []
+                for it in range(12):
+                    a = r.standard_normal((7 + k, 5)).astype(np.float32)
+                    w = r.standard_normal((3, 5)).astype(np.float32)
+                    with mine:
+                        A = ga.asarray(a, device=dev)
+                        W = ga.asarray(w, device=dev)
+                        Y = ga.linear(A, W, activation="relu")
+                        other.wait_stream(mine)
+                        B = ga.from_dlpack(A.__dlpack__(stream=other.handle))   # consumer: other
+                        C = ga.asarray(CAI(Y, mine.handle))                      # producer: mine
+                        loss = Y.astype("float64")
+                        log.log(loss=ga.asarray(np.array(float(it)), device=dev))
+                    logged.append(float(it))
+                    with other:
+                        D = B.astype("float64")
+                    np.testing.assert_allclose(C.numpy(), np.maximum(a @ w.T, 0), rtol=1e-5, atol=1e-5)
+                    np.testing.assert_array_equal(D.numpy(), a.astype(np.float64))
+                    np.testing.assert_allclose(loss.numpy(), np.maximum(a @ w.T, 0), rtol=1e-5, atol=1e-5)
+                    if it % 4 == 0:
+                        E = A.to("cuda:%d" % (1 - k % 2))                        # peer copy
+                        np.testing.assert_array_equal(E.numpy(), a)
+                    del A, W, Y, B, C, D, loss
+                seen = []
+                for bx, by in loader:
+                    idx = by.numpy()
+                    np.testing.assert_array_equal(bx.numpy(), x_all[idx])
+                    seen.append(idx)
+                np.testing.assert_array_equal(np.sort(np.concatenate(seen)), y_all)
+                summary = log.flush()
+                assert summary["loss"]["count"] == 12 and summary["loss"]["mean"] == np.mean(logged)
+                log.close()
+            except BaseException as e:
+                import traceback
+                errors.append("thread %d: %s" % (k, traceback.format_exc()))
+
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+        for t in threads: t.start()
+        for t in threads: t.join(timeout=240)
+        assert not any(t.is_alive() for t in threads), "deadlock"
+        assert not errors, "\\n".join(errors)
+        print("ok")
+    """)
+    assert out.split() == ["ok"]
