@@ -338,25 +338,23 @@ def test_ops_on_streams_devices_and_threads_match_the_cpu():
             with s_in:                       # inputs made on one stream...
                 gpu = {k: v.to(dev) for k, v in cpu.items()}
             s_op.wait_stream(s_in)           # ...used on another: the user's ordering
-            with s_op:
-                y, z = ga.linear(gpu["x"], gpu["w"], gpu["b"], activation=act, save_preactivation=True)
-                grads = ga.linear_backward(gpu["gy"], gpu["x"], gpu["w"], activation=act, preactivation=z)
-                m = ga.matmul(gpu["x"], gpu["w"].T, bias=gpu["b"], activation=act)
-                yc, zc = ga.conv2d(gpu["xc"], gpu["wc"], gpu["bc"], stride=stride, padding=pad,
+
+            def run_all(t):   # every op and its backward, on one device's operands
+                y, z = ga.linear(t["x"], t["w"], t["b"], activation=act, save_preactivation=True)
+                grads = ga.linear_backward(t["gy"], t["x"], t["w"], activation=act, preactivation=z)
+                m = ga.matmul(t["x"], t["w"].T, bias=t["b"], activation=act)
+                yc, zc = ga.conv2d(t["xc"], t["wc"], t["bc"], stride=stride, padding=pad,
                                    activation=act, save_preactivation=True)
-                cgrads = ga.conv2d_backward(gpu["gyc"], gpu["xc"], gpu["wc"], stride=stride, padding=pad,
+                cgrads = ga.conv2d_backward(t["gyc"], t["xc"], t["wc"], stride=stride, padding=pad,
                                             activation=act, preactivation=zc)
+                return (y, z, m, yc, zc) + tuple(grads) + tuple(cgrads)
+
+            with s_op:
+                got_all = run_all(gpu)
             del gpu                          # freed while s_op may still read them
-            ry, rz = ga.linear(cpu["x"], cpu["w"], cpu["b"], activation=act, save_preactivation=True)
-            rgrads = ga.linear_backward(cpu["gy"], cpu["x"], cpu["w"], activation=act, preactivation=rz)
-            rm = ga.matmul(cpu["x"], cpu["w"].T, bias=cpu["b"], activation=act)
-            ryc, rzc = ga.conv2d(cpu["xc"], cpu["wc"], cpu["bc"], stride=stride, padding=pad,
-                                 activation=act, save_preactivation=True)
-            rcgrads = ga.conv2d_backward(cpu["gyc"], cpu["xc"], cpu["wc"], stride=stride, padding=pad,
-                                         activation=act, preactivation=rzc)
+            want_all = run_all(cpu)
             what = "%s %s %s" % (dt, act, dev)
-            for got, want, name in zip((y, z, m, yc, zc) + tuple(grads) + tuple(cgrads),
-                                       (ry, rz, rm, ryc, rzc) + tuple(rgrads) + tuple(rcgrads),
+            for got, want, name in zip(got_all, want_all,
                                        ["y", "z", "matmul", "conv y", "conv z", "gx", "gw", "gb",
                                         "conv gx", "conv gw", "conv gb"]):
                 assert (got is None) == (want is None), name
