@@ -383,8 +383,8 @@ static ga_status alloc_device(ga_block *b, int device, size_t size, ga_stream st
     return ga_ok();
 }
 
-ga_status ga_block_alloc_status(ga_mem_kind kind, int device, size_t size, ga_stream stream,
-                                ga_block **out)
+/* A zeroed block record of `kind` (device checked for DEVICE blocks). */
+static ga_status new_block(ga_mem_kind kind, int device, size_t size, ga_block **out)
 {
     *out = NULL;
     if (kind == GA_MEM_DEVICE && (device < 0 || device >= GA_MAX_DEVICES))
@@ -395,6 +395,16 @@ ga_status ga_block_alloc_status(ga_mem_kind kind, int device, size_t size, ga_st
     b->kind = kind;
     b->device = kind == GA_MEM_DEVICE ? device : -1;
     b->size = size;
+    *out = b;
+    return ga_ok();
+}
+
+ga_status ga_block_alloc_status(ga_mem_kind kind, int device, size_t size, ga_stream stream,
+                                ga_block **out)
+{
+    ga_block *b;
+    *out = NULL;
+    GA_TRY_STATUS(new_block(kind, device, size, &b));
     alloc_lock_acquire();
     ga_status status = kind == GA_MEM_HOST     ? alloc_host(b, size)
                        : kind == GA_MEM_PINNED ? alloc_pinned(b, size)
@@ -410,20 +420,13 @@ ga_status ga_block_alloc_status(ga_mem_kind kind, int device, size_t size, ga_st
 
 ga_status ga_block_borrow(int device, void *ptr, size_t size, ga_stream stream, ga_block **out)
 {
-    *out = NULL;
-    if (device < 0 || device >= GA_MAX_DEVICES)
-        return GA_STATUS(GA_ERR_INVALID_VALUE, "CUDA device ordinal out of range");
-    ga_block *b = calloc(1, sizeof *b);
-    if (!b)
-        return oom_status(GA_ERR_HOST_OUT_OF_MEMORY, "could not allocate a block record");
-    b->kind = GA_MEM_DEVICE;
+    GA_TRY_STATUS(new_block(GA_MEM_DEVICE, device, size, out));
+    ga_block *b = *out;
     b->borrowed = 1;
-    b->device = device;
     b->ptr = ptr;
-    b->size = b->capacity = size;
+    b->capacity = size;
     b->stream = stream;
     b->owner = stream_thread(stream);
-    *out = b;
     return ga_ok();
 }
 

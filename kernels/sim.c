@@ -829,7 +829,7 @@ ga_status ga_cuda_matmul(int device, const ga_matmul_desc *desc, void *workspace
                          size_t workspace_size, ga_stream stream, ga_op_report *report)
 {
     memset(report, 0, sizeof *report);
-    const ga_matmul_desc *d = desc;
+    const ga_matmul_desc *d = desc; /* short: nine operands follow */
     size_t bias_size = ga_dtype_itemsize(d->bias_dtype) * (size_t)d->d.cols;
     sim_operand ops[] = {
         matrix_operand(&d->a, d->batch, 0),
@@ -921,21 +921,32 @@ ga_status ga_cuda_conv2d_forward(int device, const ga_conv_desc *desc, void *wor
     return status;
 }
 
+/* Both backward passes: `a` and `b` read, `out` written (dx from dy and w,
+ * or dw from x and dy). */
+static ga_status conv_backward(int device, const ga_conv_geometry *geom, const ga_tensor *a,
+                               const ga_tensor *b, const ga_tensor *out, int filter,
+                               void *workspace, size_t workspace_size, ga_stream stream,
+                               ga_conv_tuning *tuning)
+{
+    sim_operand ops[] = {tensor_operand(a, 0), tensor_operand(b, 0), tensor_operand(out, 1),
+                         bytes_operand(workspace, workspace_size, 1)};
+    pthread_mutex_lock(&sim_lock);
+    ga_status status = launch(device, stream, ops, (int)(sizeof ops / sizeof *ops));
+    if (!status.error) {
+        status = filter ? ga_cpu_conv2d_backward_filter(geom, a, b, out)
+                        : ga_cpu_conv2d_backward_data(geom, a, b, out);
+        conv_tuning_report(tuning);
+    }
+    pthread_mutex_unlock(&sim_lock);
+    return status;
+}
+
 ga_status ga_cuda_conv2d_backward_data(int device, const ga_conv_geometry *geom,
                                        const ga_tensor *dy, const ga_tensor *w, const ga_tensor *dx,
                                        void *workspace, size_t workspace_size, ga_stream stream,
                                        ga_conv_tuning *tuning)
 {
-    sim_operand ops[] = {tensor_operand(dy, 0), tensor_operand(w, 0), tensor_operand(dx, 1),
-                         bytes_operand(workspace, workspace_size, 1)};
-    pthread_mutex_lock(&sim_lock);
-    ga_status status = launch(device, stream, ops, (int)(sizeof ops / sizeof *ops));
-    if (!status.error) {
-        status = ga_cpu_conv2d_backward_data(geom, dy, w, dx);
-        conv_tuning_report(tuning);
-    }
-    pthread_mutex_unlock(&sim_lock);
-    return status;
+    return conv_backward(device, geom, dy, w, dx, 0, workspace, workspace_size, stream, tuning);
 }
 
 ga_status ga_cuda_conv2d_backward_filter(int device, const ga_conv_geometry *geom,
@@ -944,16 +955,7 @@ ga_status ga_cuda_conv2d_backward_filter(int device, const ga_conv_geometry *geo
                                          size_t workspace_size, ga_stream stream,
                                          ga_conv_tuning *tuning)
 {
-    sim_operand ops[] = {tensor_operand(x, 0), tensor_operand(dy, 0), tensor_operand(dw, 1),
-                         bytes_operand(workspace, workspace_size, 1)};
-    pthread_mutex_lock(&sim_lock);
-    ga_status status = launch(device, stream, ops, (int)(sizeof ops / sizeof *ops));
-    if (!status.error) {
-        status = ga_cpu_conv2d_backward_filter(geom, x, dy, dw);
-        conv_tuning_report(tuning);
-    }
-    pthread_mutex_unlock(&sim_lock);
-    return status;
+    return conv_backward(device, geom, x, dy, dw, 1, workspace, workspace_size, stream, tuning);
 }
 
 void ga_cuda_plan_cache_stats(uint64_t *matmul_hits, uint64_t *matmul_misses,
