@@ -20,7 +20,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#define GA_MAX_DEVICES 64
 #define GA_HOST_ALIGNMENT 64
 #define GA_PINNED_CLASSES 256
 

@@ -35,7 +35,6 @@
 
 #define GA_LOADER_MAX_SOURCES 16
 #define GA_LOADER_MAX_THREADS 64
-#define GA_MAX_DEVICES 64
 /* rows gathered per task: enough bytes that handing out a task is cheap */
 #define GA_LOADER_CHUNK_BYTES (256 * 1024)
 

@@ -15,7 +15,6 @@
 #include "array.h"
 #include "ops.h"
 
-#define GA_MAX_DEVICES 64
 #define GA_MAX_WORKSPACES 32
 
 /* ------------------------------------------------------------ settings */

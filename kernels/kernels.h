@@ -22,6 +22,8 @@ extern "C" {
 #endif
 
 #define GA_MAX_NDIM 32
+/* Devices a process may use; ga_cuda_device_count never reports more. */
+#define GA_MAX_DEVICES 64
 
 /* ---------------------------------------------------------------- dtypes */
 

@@ -20,8 +20,6 @@
 #define GPUACCEL_CUDA_ARCHS "unknown"
 #endif
 
-#define GA_MAX_DEVICES 64
-
 /* ------------------------------------------------------------- devices */
 
 extern "C" ga_status ga_cuda_device_count(int *count)
