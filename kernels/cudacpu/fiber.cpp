@@ -1,32 +1,50 @@
 /*
- * fiber.cpp — runs a CUDA grid on the CPU: every thread of a block is a
- * fiber (ucontext), the block's threads take turns, each running until it
- * waits (at a barrier or a warp collective) or returns, and the blocks of
- * the grid run one after another.  See cudacpu.h for what this checks.
+ * fiber.cpp — runs a CUDA grid on the CPU.  The blocks of the grid run one
+ * after another; the threads of a block take turns, each running until it
+ * waits (at a barrier or a warp collective) or returns.  A thread runs on a
+ * fiber (a context with a stack of its own) from the pool: a thread that waits
+ * keeps its fiber until it resumes and returns, and a fiber whose thread
+ * has returned goes straight on with the next thread the schedule would
+ * start, so a block whose threads never wait costs one switch, not one per
+ * thread.  See cudacpu.h for what this checks.
+ *
+ * Switching.  glibc's swapcontext saves and restores the signal mask, a
+ * system call on every switch (about 0.33 us here, which made the
+ * simulator's test suite spend most of its minutes in the kernel); on
+ * x86-64 a switch is a swap of the callee-saved registers and the stack
+ * pointer instead (about 16 ns), with ucontext (makecontext/swapcontext)
+ * elsewhere and wherever CUDACPU_UCONTEXT=1 is defined (one of the test
+ * builds, so that both ways run).
  *
  * Sanitizers.  Under AddressSanitizer each switch tells ASan which stack it
- * moves to (__sanitizer_start/finish_switch_fiber).  Under
- * ThreadSanitizer (built with CUDACPU_TSAN=1; this file itself is left
- * uninstrumented, its bookkeeping is not the kernel's) every fiber has its
- * own TSan context, switches create no happens-before, and the only
- * orderings TSan sees are CUDA's: a barrier orders everything before it in
- * the block before everything after it, a warp collective does the same
- * for its warp, and consecutive blocks are ordered (their __shared__
- * variables are the same memory here, not on a GPU), so TSan reports the
- * races between the threads of one block.
+ * moves to (__sanitizer_start/finish_switch_fiber).  Under ThreadSanitizer
+ * (built with CUDACPU_TSAN=1; this file itself is left uninstrumented, its
+ * bookkeeping is not the kernel's) every CUDA thread has its own TSan
+ * context, switches create no happens-before, and the only orderings TSan
+ * sees are CUDA's: a barrier orders everything before it in the block
+ * before everything after it, a warp collective does the same for its
+ * warp, and consecutive blocks are ordered (their __shared__ variables are
+ * the same memory here, not on a GPU), so TSan reports the races between
+ * the threads of one block.
  */
 #include "cudacpu.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#if !defined(__x86_64__) || (defined(CUDACPU_UCONTEXT) && CUDACPU_UCONTEXT)
 #include <ucontext.h>
+#define CUDACPU_USE_UCONTEXT 1
+#endif
 #include <unistd.h>
 
 #include <algorithm>
+#include <numeric>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -55,18 +73,28 @@ enum class State { Ready, AtBarrier, AtWarp, Done };
 
 enum class Order { Forward, Reverse, Random };
 
-/* A fiber stack with a guard page below it, kept for the process. */
-struct Stack {
-    char *base = nullptr; /* lowest usable byte */
-    size_t size = 0;
-#ifdef CUDACPU_TSAN
-    void *tsan_fiber = nullptr;
+struct Thread;
+
+/* Where a fiber (or the scheduler) that switched away resumes. */
+struct Context {
+#ifdef CUDACPU_USE_UCONTEXT
+    ucontext_t uc;
+#else
+    void *sp = nullptr; /* its stack, holding the registers it saved */
 #endif
 };
 
+/* A stack and a context to run threads on, kept for the process. */
+struct Fiber {
+    Context ctx;
+    char *stack = nullptr; /* lowest usable byte, above a guard page */
+    size_t size = 0;
+    Thread *thread = nullptr; /* the thread it runs; null: idle */
+    bool fresh = true;        /* ctx must be made before it runs */
+};
+
 struct Thread {
-    ucontext_t ctx;
-    Stack *stack = nullptr;
+    Fiber *fiber = nullptr; /* null: not started, or returned */
     uint3 idx;
     int linear = 0;
     State state = State::Ready;
@@ -90,8 +118,10 @@ struct Grid {
     uint3 block_idx;
     int nthreads;
     std::vector<Thread> threads;
-    Thread *current = nullptr; /* the thread whose fiber runs, else null */
-    ucontext_t scheduler;
+    std::vector<int> order; /* this pass's order of the threads */
+    size_t pos = 0;         /* the next of `order` to consider */
+    Thread *current = nullptr; /* the thread that runs, else null (the scheduler) */
+    Context scheduler;
     bool failed = false;
     std::string error;
 #ifdef CUDACPU_ASAN
@@ -107,17 +137,21 @@ struct Grid {
 };
 
 std::mutex launch_mutex;
-Grid *running = nullptr;         /* under launch_mutex */
+Grid *running = nullptr; /* under launch_mutex */
 thread_local bool in_launch = false;
-std::vector<Stack> stacks;       /* under launch_mutex */
+std::vector<std::unique_ptr<Fiber>> fibers; /* under launch_mutex, as the rest */
+std::vector<Fiber *> idle;
+#ifdef CUDACPU_TSAN
+std::vector<void *> tsan_threads; /* a TSan context per thread index of a block */
+#endif
 struct GridLimit {
     std::string kernel;
     dim3 max;
 };
-std::vector<GridLimit> grid_limits;             /* under launch_mutex */
-std::map<std::string, unsigned long long> launches_by_kernel; /* under launch_mutex */
-unsigned long long rng_state = 0;               /* under launch_mutex */
-std::string rng_seeded_for;                     /* the schedule string it was seeded for */
+std::vector<GridLimit> grid_limits;
+std::map<std::string, unsigned long long> launches_by_kernel;
+unsigned long long rng_state = 0;
+std::string rng_seeded_for; /* the schedule string rng_state was seeded for */
 
 /* ------------------------------------------------------------ helpers */
 
@@ -212,6 +246,8 @@ bool read_schedule(Order *how)
     return false;
 }
 
+/* ------------------------------------------------------------- fibers */
+
 size_t stack_bytes()
 {
     const char *env = getenv("GPUACCEL_CUDACPU_STACK_KIB");
@@ -222,35 +258,69 @@ size_t stack_bytes()
     return ((size_t)kib * 1024 + (size_t)page - 1) / (size_t)page * (size_t)page;
 }
 
-bool ensure_stacks(size_t n)
+void fiber_main();
+
+Fiber *new_fiber()
 {
-    size_t size = stack_bytes();
-    size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    while (stacks.size() < n) {
-        void *p = mmap(nullptr, size + page, PROT_READ | PROT_WRITE,
-                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (p == MAP_FAILED)
-            return false;
-        mprotect(p, page, PROT_NONE); /* an overflow faults instead of corrupting */
-        Stack s;
-        s.base = (char *)p + page;
-        s.size = size;
-#ifdef CUDACPU_TSAN
-        s.tsan_fiber = __tsan_create_fiber(0);
-#endif
-        stacks.push_back(s);
-    }
-    return true;
+    size_t size = stack_bytes(), page = (size_t)sysconf(_SC_PAGESIZE);
+    void *p = mmap(nullptr, size + page, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+        return nullptr;
+    mprotect(p, page, PROT_NONE); /* an overflow faults instead of corrupting */
+    std::unique_ptr<Fiber> f(new Fiber);
+    f->stack = (char *)p + page;
+    f->size = size;
+    fibers.push_back(std::move(f));
+    return fibers.back().get();
 }
 
-/* ------------------------------------------------------------ switching */
+#ifdef CUDACPU_TSAN
+/* Under TSan a thread index has a fiber of its own: TSan would take the
+ * stack slots that one thread leaves to another for a race between them. */
+std::vector<Fiber *> fiber_of_index;
+
+Fiber *take_fiber(const Thread &t)
+{
+    while (fiber_of_index.size() <= (size_t)t.linear)
+        fiber_of_index.push_back(nullptr);
+    Fiber *&f = fiber_of_index[(size_t)t.linear];
+    if (!f)
+        f = new_fiber();
+    return f;
+}
+
+void give_back(Fiber *) {}
+#else
+Fiber *take_fiber(const Thread &)
+{
+    if (idle.empty())
+        return new_fiber();
+    Fiber *f = idle.back();
+    idle.pop_back();
+    return f;
+}
+
+void give_back(Fiber *f) { idle.push_back(f); }
+#endif
+
+#ifdef CUDACPU_USE_UCONTEXT
+void make_fresh(Fiber *f)
+{
+    getcontext(&f->ctx.uc);
+    f->ctx.uc.uc_stack.ss_sp = f->stack;
+    f->ctx.uc.uc_stack.ss_size = f->size;
+    f->ctx.uc.uc_link = nullptr;
+    makecontext(&f->ctx.uc, fiber_main, 0);
+    f->fresh = false;
+}
 
 #ifdef CUDACPU_ASAN
 /* libc's own swapcontext, not ASan's interceptor of it: the interceptor
  * clears the shadow of the whole target stack on every switch (which
- * would hide an overflow of a suspended thread's locals, and is slow);
- * the switches are announced with __sanitizer_start_switch_fiber instead. */
-int swap_context(ucontext_t *from, const ucontext_t *to)
+ * would hide an overflow of a waiting thread's locals, and is slow); the
+ * switches are announced with __sanitizer_start_switch_fiber instead. */
+void switch_context(Context *from, Context *to)
 {
     using Swap = int (*)(ucontext_t *, const ucontext_t *);
     static Swap libc_swap = [] {
@@ -258,64 +328,174 @@ int swap_context(ucontext_t *from, const ucontext_t *to)
         void *sym = libc ? dlsym(libc, "swapcontext") : nullptr;
         return sym ? (Swap)sym : &swapcontext;
     }();
-    return libc_swap(from, to);
+    libc_swap(&from->uc, &to->uc);
 }
 #else
-int swap_context(ucontext_t *from, const ucontext_t *to) { return swapcontext(from, to); }
+void switch_context(Context *from, Context *to) { swapcontext(&from->uc, &to->uc); }
 #endif
 
-void switch_to_thread(Grid &g, Thread *t)
+#else /* x86-64 */
+
+/* Saves the callee-saved registers, the SSE and x87 control words and the
+ * stack pointer on the current stack (that sp in *save), then restores
+ * those of the stack at `load` and returns there.  The System V AMD64 ABI
+ * leaves every other register to the caller. */
+extern "C" void cudacpu_switch_stacks(void **save, void *load);
+asm(R"(
+    .text
+    .p2align 4
+    .globl cudacpu_switch_stacks
+    .hidden cudacpu_switch_stacks
+    .type cudacpu_switch_stacks, @function
+cudacpu_switch_stacks:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    subq $8, %rsp
+    stmxcsr (%rsp)
+    fnstcw 4(%rsp)
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    ldmxcsr (%rsp)
+    fldcw 4(%rsp)
+    addq $8, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size cudacpu_switch_stacks, .-cudacpu_switch_stacks
+)");
+
+/* A fresh fiber's stack as cudacpu_switch_stacks leaves one: zeroed
+ * registers, the current control words, and fiber_main to return to with
+ * the stack aligned as at a call. */
+void make_fresh(Fiber *f)
 {
+    void **sp = (void **)((uintptr_t)(f->stack + f->size) & ~(uintptr_t)15);
+    *--sp = nullptr; /* fiber_main's own return address: it never returns */
+    *--sp = (void *)&fiber_main;
+    for (int k = 0; k < 6; k++)
+        *--sp = nullptr;
+    uint32_t mxcsr;
+    uint16_t fpcw;
+    asm volatile("stmxcsr %0\n\tfnstcw %1" : "=m"(mxcsr), "=m"(fpcw));
+    *--sp = nullptr;
+    memcpy(sp, &mxcsr, 4);
+    memcpy((char *)sp + 4, &fpcw, 2);
+    f->ctx.sp = sp;
+    f->fresh = false;
+}
+
+void switch_context(Context *from, Context *to) { cudacpu_switch_stacks(&from->sp, to->sp); }
+
+#endif
+
+#ifdef CUDACPU_TSAN
+void *tsan_context(const Thread &t)
+{
+    while (tsan_threads.size() <= (size_t)t.linear)
+        tsan_threads.push_back(__tsan_create_fiber(0));
+    return tsan_threads[(size_t)t.linear];
+}
+#endif
+
+/* From the scheduler to the fiber of g.current. */
+void resume(Grid &g, Thread *t)
+{
+    Fiber *f = t->fiber;
+    if (f->fresh)
+        make_fresh(f);
     g.current = t;
 #ifdef CUDACPU_ASAN
     void *fake = nullptr;
-    __sanitizer_start_switch_fiber(&fake, t->stack->base, t->stack->size);
+    __sanitizer_start_switch_fiber(&fake, f->stack, f->size);
 #endif
 #ifdef CUDACPU_TSAN
-    __tsan_switch_to_fiber(t->stack->tsan_fiber, __tsan_switch_to_fiber_no_sync);
+    __tsan_switch_to_fiber(tsan_context(*t), __tsan_switch_to_fiber_no_sync);
 #endif
-    swap_context(&g.scheduler, &t->ctx);
+    switch_context(&g.scheduler, &f->ctx);
 #ifdef CUDACPU_ASAN
     __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
 #endif
     g.current = nullptr;
 }
 
-/* From a fiber back to the scheduler; `leaving`: it will not be resumed. */
-void switch_to_scheduler(Grid &g, Thread *t, bool leaving)
+/* From a fiber back to the scheduler. */
+void suspend(Grid &g, Fiber *f)
 {
 #ifdef CUDACPU_ASAN
     void *fake = nullptr;
-    __sanitizer_start_switch_fiber(leaving ? nullptr : &fake, g.scheduler_stack,
-                                   g.scheduler_stack_size);
-#else
-    (void)leaving;
+    __sanitizer_start_switch_fiber(&fake, g.scheduler_stack, g.scheduler_stack_size);
 #endif
 #ifdef CUDACPU_TSAN
     __tsan_switch_to_fiber(g.scheduler_fiber, __tsan_switch_to_fiber_no_sync);
 #endif
-    swap_context(&t->ctx, &g.scheduler);
+    switch_context(&f->ctx, &g.scheduler);
 #ifdef CUDACPU_ASAN
     __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
 #endif
 }
 
+/* The thread the scheduler would start next in this pass, if it is one
+ * that has not started: a fiber whose thread returned runs it at once. */
+Thread *next_to_start(Grid &g)
+{
+    while (g.pos < g.order.size()) {
+        Thread &t = g.threads[(size_t)g.order[g.pos]];
+        if (t.state != State::Ready) {
+            g.pos++;
+            continue;
+        }
+        if (t.fiber)
+            return nullptr; /* a waiting thread to resume: the scheduler's job */
+        g.pos++;
+        return &t;
+    }
+    return nullptr;
+}
+
 void fiber_main()
 {
-    Grid &g = *running;
-    Thread *t = g.current;
 #ifdef CUDACPU_ASAN
-    __sanitizer_finish_switch_fiber(nullptr, &g.scheduler_stack, &g.scheduler_stack_size);
+    __sanitizer_finish_switch_fiber(nullptr, nullptr, nullptr);
+#endif
+    for (;;) {
+        Grid &g = *running;
+        Thread *t = g.current;
+        Fiber *f = t->fiber;
+        for (;;) {
+#ifdef CUDACPU_TSAN
+            __tsan_acquire(&g.block_start);
+#endif
+            g.body(g.closure);
+            t->state = State::Done;
+            t->fiber = nullptr;
+#ifdef CUDACPU_TSAN
+            __tsan_release(&g.block_end);
 #endif
 #ifdef CUDACPU_TSAN
-    __tsan_acquire(&g.block_start);
+            break; /* each thread on its own fiber */
 #endif
-    g.body(g.closure);
-    t->state = State::Done;
+            t = next_to_start(g);
+            if (!t)
+                break;
+            t->fiber = f;
+            f->thread = t;
+            g.current = t;
 #ifdef CUDACPU_TSAN
-    __tsan_release(&g.block_end);
+            __tsan_switch_to_fiber(tsan_context(*t), __tsan_switch_to_fiber_no_sync);
 #endif
-    switch_to_scheduler(g, t, true);
+        }
+        f->thread = nullptr;
+        give_back(f);
+        suspend(g, f); /* resumed with a new thread to run */
+    }
 }
 
 /* Stops the launch from inside a fiber: the block is abandoned. */
@@ -323,7 +503,7 @@ void fail_in_fiber(Grid &g, Thread *t, std::string message)
 {
     g.failed = true;
     g.error = std::move(message);
-    switch_to_scheduler(g, t, false); /* never resumed */
+    suspend(g, t->fiber); /* never resumed */
 }
 
 Thread *running_thread()
@@ -524,46 +704,61 @@ bool unblock(Grid &g, std::vector<int> &order, Order how)
     return true;
 }
 
-/* Abandons the fibers of a failed block. */
+/* Gives back the fibers of a failed block's threads, made afresh before
+ * their next use. */
 void abandon(Grid &g)
 {
+    for (Thread &t : g.threads) {
+        Fiber *f = t.fiber;
+        if (!f)
+            continue;
 #ifdef CUDACPU_ASAN
-    for (Thread &t : g.threads)
-        if (t.state != State::Done)
-            __asan_unpoison_memory_region(t.stack->base, t.stack->size);
-#else
-    (void)g;
+        __asan_unpoison_memory_region(f->stack, f->size); /* frames never unwound */
 #endif
+#ifdef CUDACPU_TSAN
+        __tsan_destroy_fiber(tsan_threads[(size_t)t.linear]); /* its shadow stack, too */
+        tsan_threads[(size_t)t.linear] = __tsan_create_fiber(0);
+#endif
+        f->fresh = true;
+        f->thread = nullptr;
+        t.fiber = nullptr;
+        give_back(f);
+    }
 }
 
 bool run_block(Grid &g, Order how)
 {
     for (int i = 0; i < g.nthreads; i++) {
         Thread &t = g.threads[(size_t)i];
-        t.stack = &stacks[(size_t)i];
+        t.fiber = nullptr;
         t.linear = i;
         t.idx.x = (unsigned)i % g.block.x;
         t.idx.y = (unsigned)i / g.block.x % g.block.y;
         t.idx.z = (unsigned)i / (g.block.x * g.block.y);
         t.state = State::Ready;
-        getcontext(&t.ctx);
-        t.ctx.uc_stack.ss_sp = t.stack->base;
-        t.ctx.uc_stack.ss_size = t.stack->size;
-        t.ctx.uc_link = nullptr;
-        makecontext(&t.ctx, fiber_main, 0);
     }
 #ifdef CUDACPU_TSAN
     __tsan_release(&g.block_start);
 #endif
-    std::vector<int> order((size_t)g.nthreads);
-    order_indices(order, how);
+    g.order.resize((size_t)g.nthreads);
+    order_indices(g.order, how);
     for (;;) {
         bool ran = false;
-        for (int i : order) {
-            Thread &t = g.threads[(size_t)i];
+        for (g.pos = 0; g.pos < g.order.size();) {
+            Thread &t = g.threads[(size_t)g.order[g.pos++]];
             if (t.state != State::Ready)
                 continue;
-            switch_to_thread(g, &t);
+            if (!t.fiber) {
+                t.fiber = take_fiber(t);
+                if (!t.fiber) {
+                    g.error = format("no memory for a fiber stack of %zu bytes", stack_bytes());
+                    g.failed = true;
+                } else {
+                    t.fiber->thread = &t;
+                }
+            }
+            if (!g.failed)
+                resume(g, &t);
             ran = true;
             if (g.failed) {
                 abandon(g);
@@ -571,7 +766,7 @@ bool run_block(Grid &g, Order how)
             }
         }
         if (how == Order::Random)
-            order_indices(order, how);
+            order_indices(g.order, how);
         if (ran)
             continue;
         bool all_done = true;
@@ -579,7 +774,7 @@ bool run_block(Grid &g, Order how)
             all_done = all_done && t.state == State::Done;
         if (all_done)
             break;
-        if (!unblock(g, order, how)) {
+        if (!unblock(g, g.order, how)) {
             g.failed = true;
             abandon(g);
             return false;
@@ -659,7 +854,7 @@ int sync_threads(Site site, int op, int predicate)
 #ifdef CUDACPU_TSAN
     __tsan_release(&g.barrier);
 #endif
-    switch_to_scheduler(g, t, false);
+    suspend(g, t->fiber);
 #ifdef CUDACPU_TSAN
     __tsan_acquire(&g.barrier);
 #endif
@@ -707,7 +902,7 @@ unsigned warp_collective(Site site, WarpOp op, unsigned mask, const void *value,
     if (p == Progress::Failed)
         fail_in_fiber(g, t, why);
     if (p == Progress::Waiting)
-        switch_to_scheduler(g, t, false);
+        suspend(g, t->fiber);
 #ifdef CUDACPU_TSAN
     __tsan_acquire(&g.warps[t->linear / kWarp]);
 #endif
@@ -781,29 +976,36 @@ void launch(const char *kernel, dim3 grid, dim3 block, size_t shared_bytes, cuda
     g.closure = closure;
     g.nthreads = (int)(block.x * block.y * block.z);
     g.threads.resize((size_t)g.nthreads);
-    if (!ensure_stacks((size_t)g.nthreads)) {
-        set_error(cudaErrorMemoryAllocation, "cudacpu: no memory for %d fiber stacks",
-                  g.nthreads);
-        return;
+#ifdef CUDACPU_ASAN
+    pthread_attr_t attr;
+    if (pthread_getattr_np(pthread_self(), &attr) == 0) {
+        void *addr = nullptr;
+        size_t size = 0;
+        pthread_attr_getstack(&attr, &addr, &size);
+        g.scheduler_stack = addr;
+        g.scheduler_stack_size = size;
+        pthread_attr_destroy(&attr);
     }
+#endif
 #ifdef CUDACPU_TSAN
     g.scheduler_fiber = __tsan_get_current_fiber();
 #endif
     unsigned long long nblocks = (unsigned long long)grid.x * grid.y * grid.z;
-    std::vector<unsigned long long> blocks;
-    if (how == Order::Random) {
-        blocks.resize(nblocks);
-        for (unsigned long long b = 0; b < nblocks; b++)
-            blocks[b] = b;
-        for (unsigned long long i = nblocks; i > 1; i--)
-            std::swap(blocks[i - 1], blocks[next_random() % i]);
+    /* random order of the blocks: k -> (a k + c) mod n with a coprime to
+     * n, a permutation that needs no table however large the grid */
+    unsigned long long a = 1, c = 0;
+    if (how == Order::Random && nblocks > 1) {
+        c = next_random() % nblocks;
+        do
+            a = 1 + next_random() % (nblocks - 1);
+        while (std::gcd(a, nblocks) != 1);
     }
     running = &g;
     in_launch = true;
     for (unsigned long long k = 0; k < nblocks; k++) {
         unsigned long long b = how == Order::Forward   ? k
                                : how == Order::Reverse ? nblocks - 1 - k
-                                                       : blocks[k];
+                                                       : (unsigned long long)(((unsigned __int128)a * k + c) % nblocks);
         g.block_idx.x = (unsigned)(b % grid.x);
         g.block_idx.y = (unsigned)(b / grid.x % grid.y);
         g.block_idx.z = (unsigned)(b / ((unsigned long long)grid.x * grid.y));
