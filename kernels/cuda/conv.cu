@@ -35,7 +35,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cudnn.h>
-#include <nvtx3/nvToolsExt.h>
 
 #include <algorithm>
 #include <atomic>
@@ -74,16 +73,6 @@ constexpr int64_t kUidConvOut = 101, kUidAddOut = 102; /* virtual */
 enum OpKind { OP_FWD = 0, OP_BWD_DATA = 1, OP_BWD_FILTER = 2 };
 enum GraphKind { GRAPH_CONV = 0, GRAPH_FUSED = 1 };
 enum Route { ROUTE_GRAPH = 0, ROUTE_UNFUSED = 1, ROUTE_DIRECT = 2 };
-
-/* ================================================================ nvtx */
-
-class NvtxRange {
-  public:
-    explicit NvtxRange(const char *name) { nvtxRangePushA(name); }
-    ~NvtxRange() { nvtxRangePop(); }
-    NvtxRange(const NvtxRange &) = delete;
-    NvtxRange &operator=(const NvtxRange &) = delete;
-};
 
 /* ==================================================== backend descriptors */
 
@@ -1763,7 +1752,7 @@ extern "C" ga_status ga_cuda_conv2d_forward(int device, const ga_conv_desc *desc
                                            size_t workspace_size, ga_stream stream,
                                            ga_conv_tuning *tuning)
 {
-    NvtxRange range("gpuaccel::conv2d_fwd");
+    GA_NVTX_RANGE("conv2d_fwd");
     reset_tuning(tuning);
     if (!desc)
         return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: desc is NULL");
@@ -1796,7 +1785,7 @@ extern "C" ga_status ga_cuda_conv2d_backward_data(int device, const ga_conv_geom
                                                  size_t workspace_size, ga_stream stream,
                                                  ga_conv_tuning *tuning)
 {
-    NvtxRange range("gpuaccel::conv2d_bwd_data");
+    GA_NVTX_RANGE("conv2d_bwd_data");
     reset_tuning(tuning);
     GA_TRY_STATUS(check_shapes(geom, dx, w, dy));
     if (numel(dx) == 0)
@@ -1816,7 +1805,7 @@ extern "C" ga_status ga_cuda_conv2d_backward_filter(int device, const ga_conv_ge
                                                    size_t workspace_size, ga_stream stream,
                                                    ga_conv_tuning *tuning)
 {
-    NvtxRange range("gpuaccel::conv2d_bwd_filter");
+    GA_NVTX_RANGE("conv2d_bwd_filter");
     reset_tuning(tuning);
     GA_TRY_STATUS(check_shapes(geom, x, dw, dy));
     if (numel(dw) == 0)

@@ -20,8 +20,6 @@
 #include <stdint.h>
 #include <string.h>
 
-#include <nvtx3/nvToolsExt.h>
-
 #include "../activation.h"
 #include "../convert.h"
 #include "common.cuh"
@@ -35,13 +33,6 @@ constexpr int kRedThreads = 512;       /* reduction blocks */
 constexpr int64_t kSmallReduce = 64;   /* at most this many elements: a thread per channel */
 constexpr int64_t kMinTileBlocks = 128;
 constexpr int64_t kMaxBlocks = 65535LL * 32;
-
-struct NvtxRange {
-    explicit NvtxRange(const char *name) { nvtxRangePushA(name); }
-    ~NvtxRange() { nvtxRangePop(); }
-    NvtxRange(const NvtxRange &) = delete;
-    NvtxRange &operator=(const NvtxRange &) = delete;
-};
 
 /* The compute type: float, or double when a float64 tensor takes part. */
 template <typename Acc> struct Act;
@@ -536,7 +527,7 @@ extern "C" ga_status ga_cuda_bias_activation(int device, const ga_bias_act_desc 
                (has_pre && pre->dtype == GA_FLOAT64) ||
                (has_bias && desc->bias_dtype == GA_FLOAT64);
 
-    NvtxRange range("gpuaccel::bias_activation");
+    GA_NVTX_RANGE("bias_activation");
     GA_WITH_DEVICE(device);
     cudaStream_t s = ga_cu_stream(stream);
     if (f64)
@@ -595,7 +586,7 @@ extern "C" ga_status ga_cuda_activation_backward(int device, const ga_act_backwa
                (has_bg && desc->bias_grad_dtype == GA_FLOAT64);
     const ga_tensor *ts[3] = {g, act != GA_ACT_NONE ? aux : NULL, has_dz ? dz : NULL};
 
-    NvtxRange range("gpuaccel::activation_backward");
+    GA_NVTX_RANGE("activation_backward");
     if (!has_bg) {
         EwLayout L;
         ew_layout_make(g, ts, -1, &L);

@@ -37,7 +37,6 @@
 #include <string>
 
 #include <cublasLt.h>
-#include <nvtx3/nvToolsExt.h>
 
 #include "../kernels.h"
 #include "common.cuh"
@@ -64,13 +63,6 @@ ga_status lt_handle(int device, cublasLtHandle_t *out)
     *out = handles[device];
     return ga_ok();
 }
-
-struct NvtxRange {
-    explicit NvtxRange(const char *name) { nvtxRangePushA(name); }
-    ~NvtxRange() { nvtxRangePop(); }
-    NvtxRange(const NvtxRange &) = delete;
-    NvtxRange &operator=(const NvtxRange &) = delete;
-};
 
 /* --------------------------------------------------- generic GEMM kernel */
 
@@ -730,7 +722,7 @@ extern "C" ga_status ga_cuda_matmul(int device, const ga_matmul_desc *desc, void
         }
         return ga_ok();
     }
-    NvtxRange range("gpuaccel::matmul");
+    GA_NVTX_RANGE("matmul");
     GA_WITH_DEVICE(device);
     cudaStream_t s = ga_cu_stream(stream);
     if (!workspace)
