@@ -1,6 +1,8 @@
 /*
- * layout.c — host-side helpers shared by the CPU and CUDA backends.
+ * layout.c — host-side helpers shared by the CPU and CUDA backends: how
+ * tensors are walked, and the checks of entry points both backends have.
  */
+#include "activation.h"
 #include "convert.h"
 #include "internal.h"
 
@@ -49,4 +51,136 @@ void ga_scalar_to_bytes(ga_scalar value, ga_dtype dtype, unsigned char out[8])
     v.f = value.f;
     memset(out, 0, 8);
     ga_store(dtype, out, v);
+}
+
+int64_t ga_ew_layout_make(const ga_tensor *shape_of, const ga_tensor *const t[3], int channel_dim,
+                          ga_ew_layout *out)
+{
+    int64_t numel = 1;
+    int n = 0;
+    out->chan = -1;
+    for (int d = 0; d < shape_of->ndim; d++) {
+        int64_t size = shape_of->shape[d];
+        numel *= size;
+        if (size == 0) {
+            out->ndim = 0;
+            return 0;
+        }
+        if (size == 1)
+            continue; /* a size-1 channel dim: the channel index is always 0 */
+        int64_t s[3];
+        for (int k = 0; k < 3; k++)
+            s[k] = t[k] ? t[k]->strides[d] : 0;
+        int merge = n > 0 && d != channel_dim && out->chan != n - 1;
+        for (int k = 0; k < 3 && merge; k++)
+            merge = out->strides[k][n - 1] == s[k] * size;
+        if (merge) {
+            out->shape[n - 1] *= size;
+            for (int k = 0; k < 3; k++)
+                out->strides[k][n - 1] = s[k];
+            continue;
+        }
+        out->shape[n] = size;
+        for (int k = 0; k < 3; k++)
+            out->strides[k][n] = s[k];
+        if (d == channel_dim)
+            out->chan = n;
+        n++;
+    }
+    if (n == 0) { /* a single element */
+        out->shape[0] = 1;
+        for (int k = 0; k < 3; k++)
+            out->strides[k][0] = 0;
+        n = 1;
+    }
+    out->ndim = n;
+    return numel;
+}
+
+void ga_red_layout_make(const ga_tensor *shape_of, const ga_tensor *const t[3], int channel_dim,
+                        ga_red_layout *out)
+{
+    int n = 0;
+    out->C = shape_of->shape[channel_dim];
+    out->R = 1;
+    for (int k = 0; k < 3; k++)
+        out->cstride[k] = t[k] ? t[k]->strides[channel_dim] : 0;
+    for (int d = 0; d < shape_of->ndim; d++) {
+        if (d == channel_dim)
+            continue;
+        int64_t size = shape_of->shape[d];
+        out->R *= size;
+        if (size <= 1)
+            continue; /* R == 0 leaves every channel's sum at 0 */
+        int64_t s[3];
+        for (int k = 0; k < 3; k++)
+            s[k] = t[k] ? t[k]->strides[d] : 0;
+        int merge = n > 0;
+        for (int k = 0; k < 3 && merge; k++)
+            merge = out->strides[k][n - 1] == s[k] * size;
+        if (merge) {
+            out->shape[n - 1] *= size;
+            for (int k = 0; k < 3; k++)
+                out->strides[k][n - 1] = s[k];
+            continue;
+        }
+        out->shape[n] = size;
+        for (int k = 0; k < 3; k++)
+            out->strides[k][n] = s[k];
+        n++;
+    }
+    if (n == 0) { /* R is 0 or 1: one dim of one element keeps the loops simple */
+        out->shape[0] = 1;
+        for (int k = 0; k < 3; k++)
+            out->strides[k][0] = 0;
+        n = 1;
+    }
+    out->ndim = n;
+}
+
+#define INVALID(entry, msg)                                                     \
+    ga_status_make(GA_ERR_INVALID_VALUE, 0, NULL, (msg), (entry), __FILE__, __LINE__)
+
+ga_status ga_check_bias_act(const ga_bias_act_desc *desc, const char *entry)
+{
+    const ga_tensor *x = &desc->x, *y = &desc->y, *pre = &desc->preact;
+    int has_pre = pre->data != NULL, has_bias = desc->bias != NULL;
+    if (!ga_dtype_is_float(x->dtype) || !ga_dtype_is_float(y->dtype) ||
+        (has_pre && !ga_dtype_is_float(pre->dtype)) ||
+        (has_bias && !ga_dtype_is_float(desc->bias_dtype)))
+        return INVALID(entry, "bias_activation: tensors must be float16, bfloat16, float32 or "
+                              "float64");
+    if (!ga_activation_is_valid(desc->activation))
+        return INVALID(entry, "bias_activation: unknown activation");
+    if (!ga_valid_shape(x) || !ga_same_shape(x, y) || (has_pre && !ga_same_shape(x, pre)))
+        return INVALID(entry, "bias_activation: x, y and preact must have one shape");
+    if (has_bias && (desc->channel_dim < 0 || desc->channel_dim >= x->ndim))
+        return INVALID(entry, "bias_activation: channel_dim out of range");
+    if (ga_numel(x) != 0 && (!x->data || !y->data))
+        return INVALID(entry, "bias_activation: x or y has no data");
+    return ga_ok();
+}
+
+ga_status ga_check_act_backward(const ga_act_backward_desc *desc, const char *entry)
+{
+    const ga_tensor *g = &desc->grad_y, *aux = &desc->aux, *dz = &desc->dz;
+    ga_activation act = desc->activation;
+    int has_dz = dz->data != NULL, has_bg = desc->bias_grad != NULL;
+    if (!ga_activation_is_valid(act))
+        return INVALID(entry, "activation_backward: unknown activation");
+    if (!ga_dtype_is_float(g->dtype) || (act != GA_ACT_NONE && !ga_dtype_is_float(aux->dtype)) ||
+        (has_dz && !ga_dtype_is_float(dz->dtype)) ||
+        (has_bg && !ga_dtype_is_float(desc->bias_grad_dtype)))
+        return INVALID(entry, "activation_backward: tensors must be float16, bfloat16, float32 "
+                              "or float64");
+    if (!ga_valid_shape(g) || (act != GA_ACT_NONE && !ga_same_shape(g, aux)) ||
+        (has_dz && !ga_same_shape(g, dz)))
+        return INVALID(entry, "activation_backward: grad_y, aux and dz must have one shape");
+    if (has_bg && (desc->channel_dim < 0 || desc->channel_dim >= g->ndim))
+        return INVALID(entry, "activation_backward: channel_dim out of range");
+    /* with neither dz nor bias_grad there is nothing to compute */
+    if ((has_dz || has_bg) && ga_numel(g) > 0 &&
+        (!g->data || (act != GA_ACT_NONE && !aux->data)))
+        return INVALID(entry, "activation_backward: grad_y or aux has no data");
+    return ga_ok();
 }
