@@ -50,7 +50,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../activation.h"
 #include "../convert.h"
+#include "../internal.h"
 #include "floatrun.h"
 #include "parallel.h"
 
@@ -166,29 +168,6 @@ typedef struct {
     int nhwc; /* the unfolded layout: col[pixel][g][r][s][c'] */
 } conv_shape;
 
-static int is_float(ga_dtype dtype)
-{
-    return (unsigned)dtype < GA_NUM_DTYPES && ga_dtype_is_float(dtype);
-}
-
-static int64_t numel(const ga_tensor *t)
-{
-    int64_t n = 1;
-    for (int d = 0; d < t->ndim; d++)
-        n *= t->shape[d];
-    return n;
-}
-
-static int same_shape(const ga_tensor *a, const ga_tensor *b)
-{
-    if (a->ndim != b->ndim)
-        return 0;
-    for (int d = 0; d < a->ndim; d++)
-        if (a->shape[d] != b->shape[d])
-            return 0;
-    return 1;
-}
-
 /* Checks x (N, C, H, W), w (K, C/groups, R, S) and y (N, K, P, Q) against
  * the geometry (x, y: dx, dy for the data gradient; w: dw for the filter
  * gradient) and fills s. */
@@ -199,7 +178,7 @@ static ga_status conv_setup(const ga_conv_geometry *g, const ga_tensor *x, const
         return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: a NULL argument");
     if (x->ndim != 4 || w->ndim != 4 || y->ndim != 4)
         return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: x, w and y must be 4-D");
-    if (!is_float(x->dtype) || w->dtype != x->dtype || y->dtype != x->dtype)
+    if (!ga_dtype_is_float(x->dtype) || w->dtype != x->dtype || y->dtype != x->dtype)
         return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: x, w and y must share one dtype: "
                                                "float16, bfloat16, float32 or float64");
     for (int d = 0; d < 4; d++)
@@ -229,7 +208,7 @@ static ga_status conv_setup(const ga_conv_geometry *g, const ga_tensor *x, const
         y->shape[3] != out[1])
         return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: y must be (N, K, P, Q) with P and Q "
                                                "given by the geometry");
-    if ((numel(x) && !x->data) || (numel(w) && !w->data) || (numel(y) && !y->data))
+    if ((ga_numel(x) && !x->data) || (ga_numel(w) && !w->data) || (ga_numel(y) && !y->data))
         return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: a tensor with elements has no data");
 
     memset(s, 0, sizeof *s);
@@ -590,12 +569,11 @@ ga_status ga_cpu_conv2d_forward(const ga_conv_desc *desc)
     GA_TRY_STATUS(conv_setup(&desc->geom, &desc->x, &desc->w, &desc->y, &op.s));
     const conv_shape *s = &op.s;
     int has_pre = desc->preact.data != NULL;
-    if (desc->activation != GA_ACT_NONE && desc->activation != GA_ACT_RELU &&
-        desc->activation != GA_ACT_GELU)
+    if (!ga_activation_is_valid(desc->activation))
         return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: unknown activation");
-    if (has_pre && (!same_shape(&desc->preact, &desc->y) || desc->preact.dtype != s->dtype))
+    if (has_pre && (!ga_same_shape(&desc->preact, &desc->y) || desc->preact.dtype != s->dtype))
         return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: preact must have y's shape and dtype");
-    if (numel(&desc->y) == 0)
+    if (ga_numel(&desc->y) == 0)
         return ga_ok();
 
     op.desc = desc;
@@ -778,7 +756,7 @@ ga_status ga_cpu_conv2d_backward_data(const ga_conv_geometry *geom, const ga_ten
     memset(&op, 0, sizeof op);
     GA_TRY_STATUS(conv_setup(geom, dx, w, dy, &op.s));
     const conv_shape *s = &op.s;
-    if (numel(dx) == 0)
+    if (ga_numel(dx) == 0)
         return ga_ok();
     op.dy = dy;
     op.dx = dx;
@@ -923,7 +901,7 @@ ga_status ga_cpu_conv2d_backward_filter(const ga_conv_geometry *geom, const ga_t
     memset(&op, 0, sizeof op);
     GA_TRY_STATUS(conv_setup(geom, x, dw, dy, &op.s));
     const conv_shape *s = &op.s;
-    if (numel(dw) == 0)
+    if (ga_numel(dw) == 0)
         return ga_ok();
     op.x = x;
     op.dy = dy;

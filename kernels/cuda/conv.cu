@@ -49,6 +49,7 @@
 #include <vector>
 
 #include "../activation.h"
+#include "../internal.h"
 #include "common.cuh"
 #include "plan_cache.h"
 
@@ -1633,19 +1634,6 @@ ga_status run(int device, Problem &p, ga_stream stream, ga_conv_tuning *tuning)
 
 /* ============================================================ validation */
 
-bool float_dtype(ga_dtype d)
-{
-    return d == GA_FLOAT16 || d == GA_BFLOAT16 || d == GA_FLOAT32 || d == GA_FLOAT64;
-}
-
-int64_t numel(const ga_tensor *t)
-{
-    int64_t n = 1;
-    for (int d = 0; d < t->ndim; d++)
-        n *= t->shape[d];
-    return n;
-}
-
 int64_t out_size(int64_t in, int pad, int dil, int64_t k, int stride)
 {
     int64_t span = in + 2 * (int64_t)pad - (int64_t)dil * (k - 1) - 1;
@@ -1660,7 +1648,7 @@ ga_status check_shapes(const ga_conv_geometry *g, const ga_tensor *x, const ga_t
         return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: a required argument is NULL");
     if (x->ndim != 4 || w->ndim != 4 || y->ndim != 4)
         return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: tensors must have 4 dims (NCHW order)");
-    if (!float_dtype(x->dtype) || w->dtype != x->dtype || y->dtype != x->dtype)
+    if (!ga_dtype_is_float(x->dtype) || w->dtype != x->dtype || y->dtype != x->dtype)
         return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: tensors must share one float dtype");
     for (int d = 0; d < 4; d++)
         if (x->shape[d] < 0 || w->shape[d] < 0 || y->shape[d] < 0)
@@ -1678,7 +1666,7 @@ ga_status check_shapes(const ga_conv_geometry *g, const ga_tensor *x, const ga_t
         y->shape[3] != out_size(x->shape[3], g->padding[1], g->dilation[1], w->shape[3],
                                 g->stride[1]))
         return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: output shape does not match the input");
-    if ((numel(x) && !x->data) || (numel(w) && !w->data) || (numel(y) && !y->data))
+    if ((ga_numel(x) && !x->data) || (ga_numel(w) && !w->data) || (ga_numel(y) && !y->data))
         return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: NULL data for a non-empty tensor");
     return ga_ok();
 }
@@ -1717,7 +1705,7 @@ void init_problem(Problem *p, OpKind op, const ga_conv_geometry *g, const ga_ten
     }
     /* cuDNN's implicit-GEMM kernels index the filter with 32-bit offsets
      * (the frontend refuses such graphs for the same reason) */
-    ok = ok && numel(w) <= (int64_t)INT32_MAX;
+    ok = ok && ga_numel(w) <= (int64_t)INT32_MAX;
     p->eligible = ok;
     p->ws = workspace;
     p->ws_size = workspace ? workspace_size : 0;
@@ -1757,8 +1745,7 @@ extern "C" ga_status ga_cuda_conv2d_forward(int device, const ga_conv_desc *desc
     if (!desc)
         return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: desc is NULL");
     GA_TRY_STATUS(check_shapes(&desc->geom, &desc->x, &desc->w, &desc->y));
-    if (desc->activation != GA_ACT_NONE && desc->activation != GA_ACT_RELU &&
-        desc->activation != GA_ACT_GELU)
+    if (!ga_activation_is_valid(desc->activation))
         return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: unknown activation");
     const ga_tensor *pre = &desc->preact;
     if (pre->data) {
@@ -1768,7 +1755,7 @@ extern "C" ga_status ga_cuda_conv2d_forward(int device, const ga_conv_desc *desc
             if (pre->shape[d] != desc->y.shape[d])
                 return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: preact must have y's shape");
     }
-    if (numel(&desc->y) == 0)
+    if (ga_numel(&desc->y) == 0)
         return ga_ok();
     return guarded([&]() -> ga_status {
         GA_WITH_DEVICE(device);
@@ -1788,7 +1775,7 @@ extern "C" ga_status ga_cuda_conv2d_backward_data(int device, const ga_conv_geom
     GA_NVTX_RANGE("conv2d_bwd_data");
     reset_tuning(tuning);
     GA_TRY_STATUS(check_shapes(geom, dx, w, dy));
-    if (numel(dx) == 0)
+    if (ga_numel(dx) == 0)
         return ga_ok();
     return guarded([&]() -> ga_status {
         GA_WITH_DEVICE(device);
@@ -1808,7 +1795,7 @@ extern "C" ga_status ga_cuda_conv2d_backward_filter(int device, const ga_conv_ge
     GA_NVTX_RANGE("conv2d_bwd_filter");
     reset_tuning(tuning);
     GA_TRY_STATUS(check_shapes(geom, x, dw, dy));
-    if (numel(dw) == 0)
+    if (ga_numel(dw) == 0)
         return ga_ok();
     return guarded([&]() -> ga_status {
         GA_WITH_DEVICE(device);
