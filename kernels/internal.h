@@ -98,6 +98,10 @@ static inline int64_t ga_numel(const ga_tensor *t)
     return n;
 }
 
+/* The checks of copy and fill (src NULL): a known dtype, and src of dst's
+ * shape. */
+ga_status ga_check_copy(const ga_tensor *dst, const ga_tensor *src, const char *entry);
+
 /* The checks of the elementwise epilogues, one set of rules for both
  * backends: dtypes, activation, shapes, channel_dim, and the data of
  * tensors with elements that the call will touch.  `entry` (the caller's

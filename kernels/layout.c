@@ -141,6 +141,18 @@ void ga_red_layout_make(const ga_tensor *shape_of, const ga_tensor *const t[3], 
 #define INVALID(entry, msg)                                                     \
     ga_status_make(GA_ERR_INVALID_VALUE, 0, NULL, (msg), (entry), __FILE__, __LINE__)
 
+ga_status ga_check_copy(const ga_tensor *dst, const ga_tensor *src, const char *entry)
+{
+    if ((unsigned)dst->dtype >= GA_NUM_DTYPES || (src && (unsigned)src->dtype >= GA_NUM_DTYPES))
+        return INVALID(entry, "unknown dtype");
+    if (dst->ndim < 0 || dst->ndim > GA_MAX_NDIM || (src && src->ndim != dst->ndim))
+        return INVALID(entry, "dst and src must have the same ndim");
+    for (int d = 0; src && d < dst->ndim; d++)
+        if (src->shape[d] != dst->shape[d])
+            return INVALID(entry, "dst and src must have the same shape");
+    return ga_ok();
+}
+
 ga_status ga_check_bias_act(const ga_bias_act_desc *desc, const char *entry)
 {
     const ga_tensor *x = &desc->x, *y = &desc->y, *pre = &desc->preact;
