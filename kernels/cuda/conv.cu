@@ -1459,6 +1459,24 @@ template <typename F> ga_status guarded(F &&body)
     }
 }
 
+/* An op whose arguments are checked, in conv roles: nothing to do when the
+ * tensor it writes is empty, else its problem set up and run. */
+ga_status run_op(int device, GaConvOp op, const ga_conv_geometry *g, const ga_tensor *x,
+                 const ga_tensor *w, const ga_tensor *y, const void *bias, ga_activation act,
+                 const ga_tensor *preact, void *workspace, size_t workspace_size,
+                 ga_stream stream, ga_conv_tuning *tuning)
+{
+    const ga_tensor *out = op == GA_CONV_FWD ? y : op == GA_CONV_BWD_DATA ? x : w;
+    if (ga_numel(out) == 0)
+        return ga_ok();
+    return guarded([&]() -> ga_status {
+        GA_WITH_DEVICE(device);
+        Problem p;
+        init_problem(&p, op, g, x, w, y, bias, act, preact, workspace, workspace_size);
+        return run(device, p, stream, tuning);
+    });
+}
+
 } // namespace
 
 /* ======================================================== entry points */
@@ -1482,15 +1500,8 @@ extern "C" ga_status ga_cuda_conv2d_forward(int device, const ga_conv_desc *desc
             if (pre->shape[d] != desc->y.shape[d])
                 return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: preact must have y's shape");
     }
-    if (ga_numel(&desc->y) == 0)
-        return ga_ok();
-    return guarded([&]() -> ga_status {
-        GA_WITH_DEVICE(device);
-        Problem p;
-        init_problem(&p, GA_CONV_FWD, &desc->geom, &desc->x, &desc->w, &desc->y, desc->bias,
-                     desc->activation, pre, workspace, workspace_size);
-        return run(device, p, stream, tuning);
-    });
+    return run_op(device, GA_CONV_FWD, &desc->geom, &desc->x, &desc->w, &desc->y, desc->bias,
+                  desc->activation, pre, workspace, workspace_size, stream, tuning);
 }
 
 extern "C" ga_status ga_cuda_conv2d_backward_data(int device, const ga_conv_geometry *geom,
@@ -1502,15 +1513,8 @@ extern "C" ga_status ga_cuda_conv2d_backward_data(int device, const ga_conv_geom
     GA_NVTX_RANGE("conv2d_bwd_data");
     reset_tuning(tuning);
     GA_TRY_STATUS(check_shapes(geom, dx, w, dy));
-    if (ga_numel(dx) == 0)
-        return ga_ok();
-    return guarded([&]() -> ga_status {
-        GA_WITH_DEVICE(device);
-        Problem p;
-        init_problem(&p, GA_CONV_BWD_DATA, geom, dx, w, dy, nullptr, GA_ACT_NONE, nullptr, workspace,
-                     workspace_size);
-        return run(device, p, stream, tuning);
-    });
+    return run_op(device, GA_CONV_BWD_DATA, geom, dx, w, dy, nullptr, GA_ACT_NONE, nullptr,
+                  workspace, workspace_size, stream, tuning);
 }
 
 extern "C" ga_status ga_cuda_conv2d_backward_filter(int device, const ga_conv_geometry *geom,
@@ -1522,13 +1526,6 @@ extern "C" ga_status ga_cuda_conv2d_backward_filter(int device, const ga_conv_ge
     GA_NVTX_RANGE("conv2d_bwd_filter");
     reset_tuning(tuning);
     GA_TRY_STATUS(check_shapes(geom, x, dw, dy));
-    if (ga_numel(dw) == 0)
-        return ga_ok();
-    return guarded([&]() -> ga_status {
-        GA_WITH_DEVICE(device);
-        Problem p;
-        init_problem(&p, GA_CONV_BWD_FILTER, geom, x, dw, dy, nullptr, GA_ACT_NONE, nullptr,
-                     workspace, workspace_size);
-        return run(device, p, stream, tuning);
-    });
+    return run_op(device, GA_CONV_BWD_FILTER, geom, x, dw, dy, nullptr, GA_ACT_NONE, nullptr,
+                  workspace, workspace_size, stream, tuning);
 }
