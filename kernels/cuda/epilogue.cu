@@ -60,10 +60,12 @@ template <> struct Act<double> {
 
 /* -------------------------------------------------------------- layouts */
 
-/* Offsets (bytes) of linear element `idx` in the three tensors, and its
- * channel index. */
-__device__ __forceinline__ void ew_offsets(const ga_ew_layout &L, int64_t idx, int64_t off[3],
-                                           int64_t *chan)
+/* Offsets (bytes) in the three tensors of linear element `idx` of a
+ * layout's dims walked row-major, and its index along dim chan_dim (0 when
+ * chan_dim is -1). */
+template <typename Layout>
+__device__ __forceinline__ void walk_offsets(const Layout &L, int chan_dim, int64_t idx,
+                                             int64_t off[3], int64_t *chan)
 {
     off[0] = off[1] = off[2] = 0;
     *chan = 0;
@@ -85,32 +87,22 @@ __device__ __forceinline__ void ew_offsets(const ga_ew_layout &L, int64_t idx, i
         off[0] += i * L.strides[0][k];
         off[1] += i * L.strides[1][k];
         off[2] += i * L.strides[2][k];
-        if (k == L.chan)
+        if (k == chan_dim)
             *chan = i;
     }
 }
 
+__device__ __forceinline__ void ew_offsets(const ga_ew_layout &L, int64_t idx, int64_t off[3],
+                                           int64_t *chan)
+{
+    walk_offsets(L, L.chan, idx, off, chan);
+}
+
+/* The reduced index r: every dim of a reduction layout is walked. */
 __device__ __forceinline__ void red_offsets(const ga_red_layout &L, int64_t r, int64_t off[3])
 {
-    off[0] = off[1] = off[2] = 0;
-    for (int k = L.ndim - 1; k >= 0; k--) {
-        int64_t extent = L.shape[k];
-        int64_t i, q;
-        if (k == 0) {
-            i = r;
-            q = 0;
-        } else if ((uint64_t)r <= UINT32_MAX && (uint64_t)extent <= UINT32_MAX) {
-            q = (uint32_t)r / (uint32_t)extent;
-            i = (uint32_t)r - (uint32_t)q * (uint32_t)extent;
-        } else {
-            q = r / extent;
-            i = r - q * extent;
-        }
-        r = q;
-        off[0] += i * L.strides[0][k];
-        off[1] += i * L.strides[1][k];
-        off[2] += i * L.strides[2][k];
-    }
+    int64_t unused;
+    walk_offsets(L, -1, r, off, &unused);
 }
 
 /* ------------------------------------------------------------ forward */
