@@ -166,6 +166,7 @@ typedef struct {
     int64_t G, Cg, Kg, RS, CRS, CRSg;
     int64_t sh, sw, ph, pw, dh, dw;
     int nhwc; /* the unfolded layout: col[pixel][g][r][s][c'] */
+    int pointwise; /* 1x1, stride 1, no padding: x may be the GEMM operand itself */
 } conv_shape;
 
 /* Checks x (N, C, H, W), w (K, C/groups, R, S) and y (N, K, P, Q) against
@@ -230,6 +231,7 @@ static ga_status conv_setup(const ga_conv_geometry *g, const ga_tensor *x, const
     int64_t sp = x->strides[s->W > 1 ? 3 : 2];
     sp = sp < 0 ? -sp : sp;
     s->nhwc = s->C > 1 && sc < sp;
+    s->pointwise = s->R == 1 && s->S == 1 && s->sh == 1 && s->sw == 1 && s->ph == 0 && s->pw == 0;
     return ga_ok();
 }
 
@@ -578,8 +580,7 @@ ga_status ga_cpu_conv2d_forward(const ga_conv_desc *desc)
 
     op.desc = desc;
     op.xm = as_matrix(&desc->x, s->e);
-    op.shortcut = s->R == 1 && s->S == 1 && s->sh == 1 && s->sw == 1 && s->ph == 0 &&
-                  s->pw == 0 && op.xm.ok;
+    op.shortcut = s->pointwise && op.xm.ok;
     op.ym = as_matrix(&desc->y, s->e);
     if (has_pre)
         op.pm = as_matrix(&desc->preact, s->e);
@@ -763,8 +764,7 @@ ga_status ga_cpu_conv2d_backward_data(const ga_conv_geometry *geom, const ga_ten
     op.dym = as_matrix(dy, s->e);
     op.direct = op.dym.ok;
     op.dxm = as_matrix(dx, s->e);
-    op.shortcut = s->R == 1 && s->S == 1 && s->sh == 1 && s->sw == 1 && s->ph == 0 &&
-                  s->pw == 0 && op.dxm.ok;
+    op.shortcut = s->pointwise && op.dxm.ok;
 
     /* a band of `band` input rows reads at most (band - 1 + halo) / stride + 1 output rows */
     int64_t threads = ga_cpu_num_threads(), halo = (s->R - 1) * s->dh;
@@ -907,8 +907,7 @@ ga_status ga_cpu_conv2d_backward_filter(const ga_conv_geometry *geom, const ga_t
     op.dy = dy;
     op.dw = dw;
     op.xm = as_matrix(x, s->e);
-    op.shortcut = s->R == 1 && s->S == 1 && s->sh == 1 && s->sw == 1 && s->ph == 0 &&
-                  s->pw == 0 && op.xm.ok;
+    op.shortcut = s->pointwise && op.xm.ok;
     op.dym = as_matrix(dy, s->e);
     op.direct = op.dym.ok;
 
