@@ -53,6 +53,43 @@ void ga_scalar_to_bytes(ga_scalar value, ga_dtype dtype, unsigned char out[8])
     ga_store(dtype, out, v);
 }
 
+/* Appends dim d (of `size` elements) of the three tensors (NULL: zero
+ * strides) to the n dims walked so far, merged into the last of them when
+ * may_merge and that one steps over exactly this dim's extent in every
+ * tensor; returns the new number of dims. */
+static int add_dim(int64_t shape[GA_MAX_NDIM], int64_t strides[3][GA_MAX_NDIM], int n,
+                   const ga_tensor *const t[3], int d, int64_t size, int may_merge)
+{
+    int64_t s[3];
+    for (int k = 0; k < 3; k++)
+        s[k] = t[k] ? t[k]->strides[d] : 0;
+    int merge = may_merge && n > 0;
+    for (int k = 0; k < 3 && merge; k++)
+        merge = strides[k][n - 1] == s[k] * size;
+    if (merge) {
+        shape[n - 1] *= size;
+        for (int k = 0; k < 3; k++)
+            strides[k][n - 1] = s[k];
+        return n;
+    }
+    shape[n] = size;
+    for (int k = 0; k < 3; k++)
+        strides[k][n] = s[k];
+    return n + 1;
+}
+
+/* No dim left (a single element, or a reduction over at most one): one
+ * dim of one element keeps the loops simple. */
+static int at_least_one_dim(int64_t shape[GA_MAX_NDIM], int64_t strides[3][GA_MAX_NDIM], int n)
+{
+    if (n > 0)
+        return n;
+    shape[0] = 1;
+    for (int k = 0; k < 3; k++)
+        strides[k][0] = 0;
+    return 1;
+}
+
 int64_t ga_ew_layout_make(const ga_tensor *shape_of, const ga_tensor *const t[3], int channel_dim,
                           ga_ew_layout *out)
 {
@@ -68,32 +105,12 @@ int64_t ga_ew_layout_make(const ga_tensor *shape_of, const ga_tensor *const t[3]
         }
         if (size == 1)
             continue; /* a size-1 channel dim: the channel index is always 0 */
-        int64_t s[3];
-        for (int k = 0; k < 3; k++)
-            s[k] = t[k] ? t[k]->strides[d] : 0;
-        int merge = n > 0 && d != channel_dim && out->chan != n - 1;
-        for (int k = 0; k < 3 && merge; k++)
-            merge = out->strides[k][n - 1] == s[k] * size;
-        if (merge) {
-            out->shape[n - 1] *= size;
-            for (int k = 0; k < 3; k++)
-                out->strides[k][n - 1] = s[k];
-            continue;
-        }
-        out->shape[n] = size;
-        for (int k = 0; k < 3; k++)
-            out->strides[k][n] = s[k];
+        int may_merge = d != channel_dim && out->chan != n - 1;
+        n = add_dim(out->shape, out->strides, n, t, d, size, may_merge);
         if (d == channel_dim)
-            out->chan = n;
-        n++;
+            out->chan = n - 1;
     }
-    if (n == 0) { /* a single element */
-        out->shape[0] = 1;
-        for (int k = 0; k < 3; k++)
-            out->strides[k][0] = 0;
-        n = 1;
-    }
-    out->ndim = n;
+    out->ndim = at_least_one_dim(out->shape, out->strides, n);
     return numel;
 }
 
@@ -112,30 +129,9 @@ void ga_red_layout_make(const ga_tensor *shape_of, const ga_tensor *const t[3], 
         out->R *= size;
         if (size <= 1)
             continue; /* R == 0 leaves every channel's sum at 0 */
-        int64_t s[3];
-        for (int k = 0; k < 3; k++)
-            s[k] = t[k] ? t[k]->strides[d] : 0;
-        int merge = n > 0;
-        for (int k = 0; k < 3 && merge; k++)
-            merge = out->strides[k][n - 1] == s[k] * size;
-        if (merge) {
-            out->shape[n - 1] *= size;
-            for (int k = 0; k < 3; k++)
-                out->strides[k][n - 1] = s[k];
-            continue;
-        }
-        out->shape[n] = size;
-        for (int k = 0; k < 3; k++)
-            out->strides[k][n] = s[k];
-        n++;
+        n = add_dim(out->shape, out->strides, n, t, d, size, 1);
     }
-    if (n == 0) { /* R is 0 or 1: one dim of one element keeps the loops simple */
-        out->shape[0] = 1;
-        for (int k = 0; k < 3; k++)
-            out->strides[k][0] = 0;
-        n = 1;
-    }
-    out->ndim = n;
+    out->ndim = at_least_one_dim(out->shape, out->strides, n);
 }
 
 #define INVALID(entry, msg)                                                     \
