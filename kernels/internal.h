@@ -109,6 +109,16 @@ ga_status ga_check_copy(const ga_tensor *dst, const ga_tensor *src, const char *
 ga_status ga_check_bias_act(const ga_bias_act_desc *desc, const char *entry);
 ga_status ga_check_act_backward(const ga_act_backward_desc *desc, const char *entry);
 
+/* The epilogues' compute type, the same on both backends: double when a
+ * float64 tensor takes part, else float. */
+int ga_bias_act_in_double(const ga_bias_act_desc *desc);
+int ga_act_backward_in_double(const ga_act_backward_desc *desc);
+
+/* The dtype whose rounding the bias gradient sums dz with: dz's, as it is
+ * stored; without a dz, as dz's dtype would store it (grad_y's when dz
+ * carries no float dtype). */
+ga_dtype ga_act_backward_sum_dtype(const ga_act_backward_desc *desc);
+
 #ifdef __cplusplus
 }
 #endif

@@ -192,3 +192,24 @@ ga_status ga_check_act_backward(const ga_act_backward_desc *desc, const char *en
         return INVALID(entry, "activation_backward: grad_y or aux has no data");
     return ga_ok();
 }
+
+int ga_bias_act_in_double(const ga_bias_act_desc *desc)
+{
+    return desc->x.dtype == GA_FLOAT64 || desc->y.dtype == GA_FLOAT64 ||
+           (desc->preact.data && desc->preact.dtype == GA_FLOAT64) ||
+           (desc->bias && desc->bias_dtype == GA_FLOAT64);
+}
+
+int ga_act_backward_in_double(const ga_act_backward_desc *desc)
+{
+    return desc->grad_y.dtype == GA_FLOAT64 ||
+           (desc->activation != GA_ACT_NONE && desc->aux.dtype == GA_FLOAT64) ||
+           (desc->dz.data && desc->dz.dtype == GA_FLOAT64) ||
+           (desc->bias_grad && desc->bias_grad_dtype == GA_FLOAT64);
+}
+
+ga_dtype ga_act_backward_sum_dtype(const ga_act_backward_desc *desc)
+{
+    const ga_tensor *dz = &desc->dz;
+    return dz->data || ga_dtype_is_float(dz->dtype) ? dz->dtype : desc->grad_y.dtype;
+}

@@ -205,9 +205,7 @@ ga_status ga_cpu_bias_activation(const ga_bias_act_desc *desc)
     if (!has_bias && !has_pre && desc->activation == GA_ACT_NONE && ga_same_view(x, y))
         return ga_ok();
     job.d = desc;
-    job.f64 = x->dtype == GA_FLOAT64 || y->dtype == GA_FLOAT64 ||
-              (has_pre && pre->dtype == GA_FLOAT64) ||
-              (has_bias && desc->bias_dtype == GA_FLOAT64);
+    job.f64 = ga_bias_act_in_double(desc);
     /* gelu costs a tanh per element: smaller tasks are still worth a thread */
     int64_t grain = desc->activation == GA_ACT_GELU ? GA_CPU_GRAIN / 8 : GA_CPU_GRAIN;
     ga_parallel_for(numel, grain, bias_act_range, &job);
@@ -474,12 +472,8 @@ ga_status ga_cpu_activation_backward(const ga_act_backward_desc *desc)
     memset(&job, 0, sizeof job);
     job.d = desc;
     job.act = act;
-    /* the bias gradient sums dz as stored; without a dz, as dz's dtype would
-     * store it (grad_y's when dz carries no float dtype), as epilogue.cu */
-    job.sum_dtype = has_dz || ga_dtype_is_float(dz->dtype) ? dz->dtype : g->dtype;
-    job.f64 = g->dtype == GA_FLOAT64 || (act != GA_ACT_NONE && aux->dtype == GA_FLOAT64) ||
-              (has_dz && dz->dtype == GA_FLOAT64) ||
-              (has_bg && desc->bias_grad_dtype == GA_FLOAT64);
+    job.sum_dtype = ga_act_backward_sum_dtype(desc);
+    job.f64 = ga_act_backward_in_double(desc);
     job.grad = (const char *)g->data;
     job.aux = act != GA_ACT_NONE ? (const char *)aux->data : NULL;
     job.dz = has_dz ? (char *)dz->data : NULL;

@@ -363,9 +363,7 @@ extern "C" ga_status ga_cuda_bias_activation(int device, const ga_bias_act_desc 
     a.y_aligned = ew_aligned(y->data, ga_dtype_itemsize(y->dtype), L, 1);
     a.preact_aligned = has_pre && ew_aligned(pre->data, ga_dtype_itemsize(pre->dtype), L, 2);
     a.bias_aligned = has_bias && (uintptr_t)desc->bias % ga_dtype_itemsize(desc->bias_dtype) == 0;
-    bool f64 = x->dtype == GA_FLOAT64 || y->dtype == GA_FLOAT64 ||
-               (has_pre && pre->dtype == GA_FLOAT64) ||
-               (has_bias && desc->bias_dtype == GA_FLOAT64);
+    bool f64 = ga_bias_act_in_double(desc);
 
     GA_NVTX_RANGE("bias_activation");
     GA_WITH_DEVICE(device);
@@ -399,14 +397,10 @@ extern "C" ga_status ga_cuda_activation_backward(int device, const ga_act_backwa
     a.grad_dtype = g->dtype;
     a.aux_dtype = act != GA_ACT_NONE ? aux->dtype : g->dtype;
     a.dz_dtype = has_dz ? dz->dtype : g->dtype;
-    /* the bias gradient sums dz as stored; without a dz, as dz's dtype
-     * would store it (grad_y's when dz carries no float dtype) */
-    a.sum_dtype = has_dz || ga_dtype_is_float(dz->dtype) ? dz->dtype : g->dtype;
+    a.sum_dtype = ga_act_backward_sum_dtype(desc);
     a.bias_grad_dtype = has_bg ? desc->bias_grad_dtype : g->dtype;
     a.act = act;
-    bool f64 = g->dtype == GA_FLOAT64 || (act != GA_ACT_NONE && aux->dtype == GA_FLOAT64) ||
-               (has_dz && dz->dtype == GA_FLOAT64) ||
-               (has_bg && desc->bias_grad_dtype == GA_FLOAT64);
+    bool f64 = ga_act_backward_in_double(desc);
     const ga_tensor *ts[3] = {g, act != GA_ACT_NONE ? aux : NULL, has_dz ? dz : NULL};
 
     GA_NVTX_RANGE("activation_backward");
