@@ -109,6 +109,12 @@ ga_status ga_check_copy(const ga_tensor *dst, const ga_tensor *src, const char *
 ga_status ga_check_bias_act(const ga_bias_act_desc *desc, const char *entry);
 ga_status ga_check_act_backward(const ga_act_backward_desc *desc, const char *entry);
 
+/* Whether a checked epilogue call has nothing to do: y = x with nothing to
+ * add, apply or save; neither dz nor a bias gradient asked for, or dz =
+ * grad_y in place with no activation and no bias gradient. */
+int ga_bias_act_is_noop(const ga_bias_act_desc *desc);
+int ga_act_backward_is_noop(const ga_act_backward_desc *desc);
+
 /* The epilogues' compute type, the same on both backends: double when a
  * float64 tensor takes part, else float. */
 int ga_bias_act_in_double(const ga_bias_act_desc *desc);

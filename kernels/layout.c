@@ -193,6 +193,20 @@ ga_status ga_check_act_backward(const ga_act_backward_desc *desc, const char *en
     return ga_ok();
 }
 
+int ga_bias_act_is_noop(const ga_bias_act_desc *desc)
+{
+    return !desc->bias && !desc->preact.data && desc->activation == GA_ACT_NONE &&
+           ga_same_view(&desc->x, &desc->y);
+}
+
+int ga_act_backward_is_noop(const ga_act_backward_desc *desc)
+{
+    if (!desc->bias_grad && !desc->dz.data)
+        return 1;
+    return desc->activation == GA_ACT_NONE && !desc->bias_grad &&
+           ga_same_view(&desc->grad_y, &desc->dz);
+}
+
 int ga_bias_act_in_double(const ga_bias_act_desc *desc)
 {
     return desc->x.dtype == GA_FLOAT64 || desc->y.dtype == GA_FLOAT64 ||

@@ -199,10 +199,7 @@ ga_status ga_cpu_bias_activation(const ga_bias_act_desc *desc)
     bias_act_job job;
     const ga_tensor *ts[3] = {x, y, has_pre ? pre : NULL};
     int64_t numel = ga_ew_layout_make(x, ts, has_bias ? desc->channel_dim : -1, &job.L);
-    if (numel == 0)
-        return ga_ok();
-    /* y = x with nothing to add, apply or save: nothing to do */
-    if (!has_bias && !has_pre && desc->activation == GA_ACT_NONE && ga_same_view(x, y))
+    if (numel == 0 || ga_bias_act_is_noop(desc))
         return ga_ok();
     job.d = desc;
     job.f64 = ga_bias_act_in_double(desc);
@@ -462,10 +459,7 @@ ga_status ga_cpu_activation_backward(const ga_act_backward_desc *desc)
     const ga_tensor *g = &desc->grad_y, *aux = &desc->aux, *dz = &desc->dz;
     ga_activation act = desc->activation;
     int has_dz = dz->data != NULL, has_bg = desc->bias_grad != NULL;
-    if (!has_dz && !has_bg)
-        return ga_ok();
-    /* dz = grad_y in place with no bias gradient: nothing to do */
-    if (act == GA_ACT_NONE && !has_bg && ga_same_view(g, dz))
+    if (ga_act_backward_is_noop(desc))
         return ga_ok();
 
     bwd_job job;
