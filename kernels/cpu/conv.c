@@ -50,7 +50,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../activation.h"
 #include "../convert.h"
+#include "../internal.h"
 #include "floatrun.h"
 #include "parallel.h"
 
@@ -164,30 +166,8 @@ typedef struct {
     int64_t G, Cg, Kg, RS, CRS, CRSg;
     int64_t sh, sw, ph, pw, dh, dw;
     int nhwc; /* the unfolded layout: col[pixel][g][r][s][c'] */
+    int pointwise; /* 1x1, stride 1, no padding: x may be the GEMM operand itself */
 } conv_shape;
-
-static int is_float(ga_dtype dtype)
-{
-    return (unsigned)dtype < GA_NUM_DTYPES && ga_dtype_is_float(dtype);
-}
-
-static int64_t numel(const ga_tensor *t)
-{
-    int64_t n = 1;
-    for (int d = 0; d < t->ndim; d++)
-        n *= t->shape[d];
-    return n;
-}
-
-static int same_shape(const ga_tensor *a, const ga_tensor *b)
-{
-    if (a->ndim != b->ndim)
-        return 0;
-    for (int d = 0; d < a->ndim; d++)
-        if (a->shape[d] != b->shape[d])
-            return 0;
-    return 1;
-}
 
 /* Checks x (N, C, H, W), w (K, C/groups, R, S) and y (N, K, P, Q) against
  * the geometry (x, y: dx, dy for the data gradient; w: dw for the filter
@@ -199,7 +179,7 @@ static ga_status conv_setup(const ga_conv_geometry *g, const ga_tensor *x, const
         return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: a NULL argument");
     if (x->ndim != 4 || w->ndim != 4 || y->ndim != 4)
         return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: x, w and y must be 4-D");
-    if (!is_float(x->dtype) || w->dtype != x->dtype || y->dtype != x->dtype)
+    if (!ga_dtype_is_float(x->dtype) || w->dtype != x->dtype || y->dtype != x->dtype)
         return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: x, w and y must share one dtype: "
                                                "float16, bfloat16, float32 or float64");
     for (int d = 0; d < 4; d++)
@@ -229,7 +209,7 @@ static ga_status conv_setup(const ga_conv_geometry *g, const ga_tensor *x, const
         y->shape[3] != out[1])
         return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: y must be (N, K, P, Q) with P and Q "
                                                "given by the geometry");
-    if ((numel(x) && !x->data) || (numel(w) && !w->data) || (numel(y) && !y->data))
+    if ((ga_numel(x) && !x->data) || (ga_numel(w) && !w->data) || (ga_numel(y) && !y->data))
         return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: a tensor with elements has no data");
 
     memset(s, 0, sizeof *s);
@@ -251,6 +231,7 @@ static ga_status conv_setup(const ga_conv_geometry *g, const ga_tensor *x, const
     int64_t sp = x->strides[s->W > 1 ? 3 : 2];
     sp = sp < 0 ? -sp : sp;
     s->nhwc = s->C > 1 && sc < sp;
+    s->pointwise = s->R == 1 && s->S == 1 && s->sh == 1 && s->sw == 1 && s->ph == 0 && s->pw == 0;
     return ga_ok();
 }
 
@@ -590,18 +571,16 @@ ga_status ga_cpu_conv2d_forward(const ga_conv_desc *desc)
     GA_TRY_STATUS(conv_setup(&desc->geom, &desc->x, &desc->w, &desc->y, &op.s));
     const conv_shape *s = &op.s;
     int has_pre = desc->preact.data != NULL;
-    if (desc->activation != GA_ACT_NONE && desc->activation != GA_ACT_RELU &&
-        desc->activation != GA_ACT_GELU)
+    if (!ga_activation_is_valid(desc->activation))
         return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: unknown activation");
-    if (has_pre && (!same_shape(&desc->preact, &desc->y) || desc->preact.dtype != s->dtype))
+    if (has_pre && (!ga_same_shape(&desc->preact, &desc->y) || desc->preact.dtype != s->dtype))
         return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: preact must have y's shape and dtype");
-    if (numel(&desc->y) == 0)
+    if (ga_numel(&desc->y) == 0)
         return ga_ok();
 
     op.desc = desc;
     op.xm = as_matrix(&desc->x, s->e);
-    op.shortcut = s->R == 1 && s->S == 1 && s->sh == 1 && s->sw == 1 && s->ph == 0 &&
-                  s->pw == 0 && op.xm.ok;
+    op.shortcut = s->pointwise && op.xm.ok;
     op.ym = as_matrix(&desc->y, s->e);
     if (has_pre)
         op.pm = as_matrix(&desc->preact, s->e);
@@ -778,15 +757,14 @@ ga_status ga_cpu_conv2d_backward_data(const ga_conv_geometry *geom, const ga_ten
     memset(&op, 0, sizeof op);
     GA_TRY_STATUS(conv_setup(geom, dx, w, dy, &op.s));
     const conv_shape *s = &op.s;
-    if (numel(dx) == 0)
+    if (ga_numel(dx) == 0)
         return ga_ok();
     op.dy = dy;
     op.dx = dx;
     op.dym = as_matrix(dy, s->e);
     op.direct = op.dym.ok;
     op.dxm = as_matrix(dx, s->e);
-    op.shortcut = s->R == 1 && s->S == 1 && s->sh == 1 && s->sw == 1 && s->ph == 0 &&
-                  s->pw == 0 && op.dxm.ok;
+    op.shortcut = s->pointwise && op.dxm.ok;
 
     /* a band of `band` input rows reads at most (band - 1 + halo) / stride + 1 output rows */
     int64_t threads = ga_cpu_num_threads(), halo = (s->R - 1) * s->dh;
@@ -923,14 +901,13 @@ ga_status ga_cpu_conv2d_backward_filter(const ga_conv_geometry *geom, const ga_t
     memset(&op, 0, sizeof op);
     GA_TRY_STATUS(conv_setup(geom, x, dw, dy, &op.s));
     const conv_shape *s = &op.s;
-    if (numel(dw) == 0)
+    if (ga_numel(dw) == 0)
         return ga_ok();
     op.x = x;
     op.dy = dy;
     op.dw = dw;
     op.xm = as_matrix(x, s->e);
-    op.shortcut = s->R == 1 && s->S == 1 && s->sh == 1 && s->sw == 1 && s->ph == 0 &&
-                  s->pw == 0 && op.xm.ok;
+    op.shortcut = s->pointwise && op.xm.ok;
     op.dym = as_matrix(dy, s->e);
     op.direct = op.dym.ok;
 

@@ -536,16 +536,6 @@ static void row_sums_range(void *ctx, int64_t begin, int64_t end)
 
 /* ---------------------------------------------------------- validation */
 
-static int is_float(ga_dtype dtype)
-{
-    return (unsigned)dtype < GA_NUM_DTYPES && ga_dtype_is_float(dtype);
-}
-
-static int is_activation(ga_activation act)
-{
-    return act == GA_ACT_NONE || act == GA_ACT_RELU || act == GA_ACT_GELU;
-}
-
 static int is_m_by_n(const ga_matrix *m, int64_t rows, int64_t cols)
 {
     return m->rows == rows && m->cols == cols;
@@ -567,14 +557,14 @@ static ga_status check_desc(const ga_matmul_desc *d)
         return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: a's columns must equal b's rows");
     if (!is_m_by_n(out, M, N))
         return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: d must have a's rows and b's columns");
-    if (!is_float(a->dtype) || b->dtype != a->dtype)
+    if (!ga_dtype_is_float(a->dtype) || b->dtype != a->dtype)
         return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: a and b must share one dtype: float16, "
                                                "bfloat16, float32 or float64");
     int narrow = a->dtype == GA_FLOAT16 || a->dtype == GA_BFLOAT16;
     if (out->dtype != a->dtype && !(narrow && out->dtype == GA_FLOAT32))
         return GA_STATUS(GA_ERR_INVALID_VALUE,
                          "matmul: d must have a's dtype, or float32 for float16/bfloat16 inputs");
-    if (!is_activation(d->activation) || !is_activation(d->dact))
+    if (!ga_activation_is_valid(d->activation) || !ga_activation_is_valid(d->dact))
         return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: unknown activation");
     int forward = d->bias || d->activation != GA_ACT_NONE || d->preact.data;
     int backward = d->dact != GA_ACT_NONE || d->col_sums;

@@ -1,5 +1,6 @@
 /*
- * common.cuh — the one way the CUDA backend checks a CUDA call.
+ * common.cuh — what every file of the CUDA backend uses: the one way to
+ * check a CUDA call, the device guard, and the NVTX range of an op.
  *
  * GA_CUDA_TRY(call) returns a ga_status naming the call, file and line from
  * the enclosing function when the call fails; csrc/errors.c turns that into
@@ -9,6 +10,7 @@
 #define GPUACCEL_CUDA_COMMON_CUH
 
 #include <cuda_runtime.h>
+#include <nvtx3/nvToolsExt.h>
 
 #include "../kernels.h"
 
@@ -125,5 +127,19 @@ class GaDeviceGuard {
                          __LINE__)
 
 static inline cudaStream_t ga_cu_stream(ga_stream s) { return (cudaStream_t)s; }
+
+/* An NVTX range around the host side of an op, so that Nsight Systems shows
+ * which gpuaccel call queued which kernels. */
+class GaNvtxRange {
+  public:
+    explicit GaNvtxRange(const char *name) { nvtxRangePushA(name); }
+    ~GaNvtxRange() { nvtxRangePop(); }
+    GaNvtxRange(const GaNvtxRange &) = delete;
+    GaNvtxRange &operator=(const GaNvtxRange &) = delete;
+};
+
+/* Opens the range "gpuaccel::<op>" until the end of the scope; `op` is a
+ * string literal, e.g. GA_NVTX_RANGE("matmul"). */
+#define GA_NVTX_RANGE(op) GaNvtxRange ga_nvtx_range_("gpuaccel::" op)
 
 #endif

@@ -108,24 +108,12 @@ bool is_aligned(const void *p, const int64_t *strides, int ndim, size_t itemsize
     return true;
 }
 
-ga_status check_pair(const ga_tensor *dst, const ga_tensor *src)
-{
-    if ((unsigned)dst->dtype >= GA_NUM_DTYPES || (src && (unsigned)src->dtype >= GA_NUM_DTYPES))
-        return GA_STATUS(GA_ERR_INVALID_VALUE, "unknown dtype");
-    if (dst->ndim < 0 || dst->ndim > GA_MAX_NDIM || (src && src->ndim != dst->ndim))
-        return GA_STATUS(GA_ERR_INVALID_VALUE, "dst and src must have the same ndim");
-    for (int d = 0; src && d < dst->ndim; d++)
-        if (src->shape[d] != dst->shape[d])
-            return GA_STATUS(GA_ERR_INVALID_VALUE, "dst and src must have the same shape");
-    return ga_ok();
-}
-
 } // namespace
 
 extern "C" ga_status ga_cuda_copy(int device, const ga_tensor *dst, const ga_tensor *src,
                                   ga_stream stream)
 {
-    GA_TRY_STATUS(check_pair(dst, src));
+    GA_TRY_STATUS(ga_check_copy(dst, src, __func__));
     ga_pair_layout L;
     int64_t numel = ga_pair_layout_make(dst, src, &L);
     if (numel == 0)
@@ -167,7 +155,7 @@ extern "C" ga_status ga_cuda_copy(int device, const ga_tensor *dst, const ga_ten
 extern "C" ga_status ga_cuda_fill(int device, const ga_tensor *dst, ga_scalar value,
                                   ga_stream stream)
 {
-    GA_TRY_STATUS(check_pair(dst, NULL));
+    GA_TRY_STATUS(ga_check_copy(dst, NULL, __func__));
     ga_pair_layout L;
     int64_t numel = ga_pair_layout_make(dst, NULL, &L);
     if (numel == 0)

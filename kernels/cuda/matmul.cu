@@ -37,8 +37,8 @@
 #include <string>
 
 #include <cublasLt.h>
-#include <nvtx3/nvToolsExt.h>
 
+#include "../activation.h"
 #include "../kernels.h"
 #include "common.cuh"
 #include "elem.cuh"
@@ -64,13 +64,6 @@ ga_status lt_handle(int device, cublasLtHandle_t *out)
     *out = handles[device];
     return ga_ok();
 }
-
-struct NvtxRange {
-    explicit NvtxRange(const char *name) { nvtxRangePushA(name); }
-    ~NvtxRange() { nvtxRangePop(); }
-    NvtxRange(const NvtxRange &) = delete;
-    NvtxRange &operator=(const NvtxRange &) = delete;
-};
 
 /* --------------------------------------------------- generic GEMM kernel */
 
@@ -628,18 +621,13 @@ ga_status lt_matmul(int device, const ga_matmul_desc *desc, const LtCall &c, voi
     return ga_cublas_error(st, "cublasLtMatmul", __FILE__, __LINE__);
 }
 
-bool valid_float(ga_dtype dtype)
-{
-    return (unsigned)dtype < GA_NUM_DTYPES && ga_dtype_is_float(dtype);
-}
-
 ga_status validate(const ga_matmul_desc *d)
 {
     const ga_matrix &A = d->a, &B = d->b, &D = d->d;
     int64_t M = A.rows, K = A.cols, N = B.cols;
     if (d->batch < 0 || M < 0 || K < 0 || N < 0)
         return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: negative size");
-    if (!valid_float(A.dtype) || B.dtype != A.dtype)
+    if (!ga_dtype_is_float(A.dtype) || B.dtype != A.dtype)
         return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: A and B must share one float dtype");
     if (!(D.dtype == A.dtype ||
           (D.dtype == GA_FLOAT32 && (A.dtype == GA_FLOAT16 || A.dtype == GA_BFLOAT16))))
@@ -654,17 +642,17 @@ ga_status validate(const ga_matmul_desc *d)
         return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: bias must have A's or D's dtype");
     if (d->preact.data && (d->preact.rows != M || d->preact.cols != N || d->preact.dtype != D.dtype))
         return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: preact must be M x N of D's dtype");
-    if ((unsigned)d->activation > GA_ACT_GELU || (unsigned)d->dact > GA_ACT_GELU)
+    if (!ga_activation_is_valid(d->activation) || !ga_activation_is_valid(d->dact))
         return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: unknown activation");
     if (d->dact != GA_ACT_NONE) {
         if (d->bias || d->activation != GA_ACT_NONE || d->preact.data)
             return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: a backward epilogue excludes the "
                                                    "forward one");
-        if (d->dact_aux.rows != M || d->dact_aux.cols != N || !valid_float(d->dact_aux.dtype) ||
-            (!empty && !d->dact_aux.data))
+        if (d->dact_aux.rows != M || d->dact_aux.cols != N ||
+            !ga_dtype_is_float(d->dact_aux.dtype) || (!empty && !d->dact_aux.data))
             return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: dact_aux must be M x N");
     }
-    if (d->col_sums && !valid_float(d->col_sums_dtype))
+    if (d->col_sums && !ga_dtype_is_float(d->col_sums_dtype))
         return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: col_sums must have a float dtype");
     if (d->col_sums && (d->bias || d->activation != GA_ACT_NONE || d->preact.data))
         return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: col_sums excludes a forward epilogue");
@@ -673,7 +661,7 @@ ga_status validate(const ga_matmul_desc *d)
             d->dact != GA_ACT_NONE || d->col_sums)
             return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: a_row_sums only with no other "
                                                    "epilogue and batch 1");
-        if (!valid_float(d->a_row_sums_dtype))
+        if (!ga_dtype_is_float(d->a_row_sums_dtype))
             return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: a_row_sums must have a float dtype");
     }
     return ga_ok();
@@ -730,7 +718,7 @@ extern "C" ga_status ga_cuda_matmul(int device, const ga_matmul_desc *desc, void
         }
         return ga_ok();
     }
-    NvtxRange range("gpuaccel::matmul");
+    GA_NVTX_RANGE("matmul");
     GA_WITH_DEVICE(device);
     cudaStream_t s = ga_cu_stream(stream);
     if (!workspace)
