@@ -63,16 +63,22 @@ def numpy_dtype(name):
     return np.dtype(name)
 
 
-def random_values(rng, shape, dtype):
-    """Values every dtype holds exactly (so conversions are comparable)."""
+def random_values(rng, shape, dtype, wide=False):
+    """A NumPy array of random values of a gpuaccel dtype.  Integers lie
+    within +-2**40, which float64 holds exactly (so conversions compare
+    exactly), floats are standard normal.  wide=True, for casts and bit
+    patterns: integers span the dtype's whole range and each float is scaled
+    by one of 1, 1e3 and 1e-3 (float16's overflow and subnormals)."""
     if dtype == "bool":
         return rng.integers(0, 2, size=shape).astype(np.bool_)
-    if dtype == "uint8":
-        return rng.integers(0, 256, size=shape).astype(np.uint8)
     if dtype in INT_DTYPES:
         info = np.iinfo(dtype)
-        return rng.integers(max(info.min, -(2**40)), min(info.max, 2**40), size=shape, endpoint=True).astype(dtype)
-    return rng.standard_normal(size=shape).astype(numpy_dtype(dtype))
+        lo, hi = (info.min, info.max) if wide else (max(info.min, -(2**40)), min(info.max, 2**40))
+        return rng.integers(lo, hi, size=shape, endpoint=True, dtype=np.int64).astype(dtype)
+    values = rng.standard_normal(size=shape)
+    if wide:
+        values *= rng.choice([1.0, 1e3, 1e-3], size=shape)
+    return values.astype(numpy_dtype(dtype))
 
 
 def random_strided_view(rng, base_shape, dtype):
@@ -172,11 +178,15 @@ class SyntheticTensor:
         return _PyCapsule_New(ctypes.addressof(self.managed), self.name, None)
 
 
+_PyCapsule_GetName = ctypes.pythonapi.PyCapsule_GetName
+_PyCapsule_GetName.restype = ctypes.c_char_p
+_PyCapsule_GetName.argtypes = [ctypes.py_object]
+
+
 def capsule_name(capsule):
-    get_name = ctypes.pythonapi.PyCapsule_GetName
-    get_name.restype = ctypes.c_char_p
-    get_name.argtypes = [ctypes.py_object]
-    return get_name(capsule).decode()
+    """The capsule's name as bytes, None for a NULL name (a producer may
+    name a capsule anything, not only valid UTF-8)."""
+    return _PyCapsule_GetName(capsule)
 
 
 def refcount(obj):

@@ -47,7 +47,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from helpers import SyntheticTensor, numpy_dtype
+from helpers import ALL_DTYPES, FLOAT_DTYPES, INT_DTYPES, SyntheticTensor, capsule_name, numpy_dtype, random_values
 from hypothesis import HealthCheck, assume, given, note, settings
 from hypothesis import strategies as st
 
@@ -90,20 +90,12 @@ def fuzz(n):
     )
 
 
-INT_RANGE = {
-    "uint8": (0, 2**8 - 1), "int8": (-(2**7), 2**7 - 1), "int16": (-(2**15), 2**15 - 1),
-    "int32": (-(2**31), 2**31 - 1), "int64": (-(2**63), 2**63 - 1),
-}
-FLOATS = ["float16", "bfloat16", "float32", "float64"]
-SUPPORTED = ["bool", "uint8", "int8", "int16", "int32", "int64"] + FLOATS
-
-
 def ga_dtype_of_numpy(dt):
     """gpuaccel's name for a NumPy dtype, or None when gpuaccel lacks it."""
     dt = np.dtype(dt)
     if not dt.isnative:
         dt = dt.newbyteorder("=")
-    for name in SUPPORTED:
+    for name in ALL_DTYPES:
         if numpy_dtype(name) == dt:
             return name
     return None
@@ -169,11 +161,11 @@ def expected_cast(x, target):
     if target == src:
         return x.copy()
     if target == "bool":
-        return (x.astype(np.float64) != 0) if src in FLOATS else (x != 0)
-    if src in FLOATS:
+        return (x.astype(np.float64) != 0) if src in FLOAT_DTYPES else (x != 0)
+    if src in FLOAT_DTYPES:
         f = x.astype(np.float64)
-        if target in INT_RANGE:
-            lo, hi = INT_RANGE[target]
+        if target in INT_DTYPES:
+            lo, hi = int(np.iinfo(target).min), int(np.iinfo(target).max)
             out = np.zeros(f.shape, np.int64)
             big, small = f >= float(hi), f <= float(lo)
             mid = ~(np.isnan(f) | big | small)
@@ -196,16 +188,6 @@ def expected_cast(x, target):
         return x.astype(want)  # int -> float32/64 rounds once; int -> int wraps
 
 
-def random_values(rng, n, dtype):
-    if dtype == "bool":
-        return rng.integers(0, 2, n).astype(np.bool_)
-    if dtype in INT_RANGE:
-        lo, hi = INT_RANGE[dtype]
-        return rng.integers(lo, hi, n, endpoint=True, dtype=np.int64).astype(dtype)
-    v = rng.standard_normal(n) * rng.choice([1.0, 1e3, 1e-3], n)
-    return v.astype(numpy_dtype(dtype))
-
-
 # ================================================================ DLPack
 
 DL_DTYPES = {  # (code, bits) -> gpuaccel dtype
@@ -225,13 +207,6 @@ def synthetic(*args, **kwargs):
     s = SyntheticTensor(*args, **kwargs)
     _KEEP.append(s)
     return s
-
-
-def capsule_name(capsule):
-    """The capsule's name as bytes (None for a NULL name)."""
-    get_name = ctypes.pythonapi.PyCapsule_GetName
-    get_name.restype, get_name.argtypes = ctypes.c_char_p, [ctypes.py_object]
-    return get_name(capsule)
 
 
 def buffer_address(buf):
@@ -316,7 +291,7 @@ def basic_index(draw, ndim):
 def test_dlpack_valid_cpu_tensors(case, data):
     dtype, shape, item = case["dtype"], tuple(case["shape"]), numpy_dtype(case["dtype"]).itemsize
     rng = np.random.default_rng(case["seed"])
-    buf = bytearray(random_values(rng, case["nbytes"] // item + 1, dtype).tobytes()[: case["nbytes"]])
+    buf = bytearray(random_values(rng, case["nbytes"] // item + 1, dtype, wide=True).tobytes()[: case["nbytes"]])
     code, bits = case["code_bits"]
     addr = buffer_address(buf) if len(buf) else 0
     data_ptr = addr + case["start"] - case["byte_offset"] if not case["null_data"] else None
@@ -760,7 +735,7 @@ _elements = {
 }
 
 DTYPE_SPELLINGS = {name: [name, numpy_dtype(name), getattr(torch, name if name != "bool" else "bool"),
-                          "torch." + name] for name in SUPPORTED}
+                          "torch." + name] for name in ALL_DTYPES}
 BAD_DTYPES = ["float128", "complex64", "uint16", "uint64", "nonsense", "", 3, 2.5, object(), b"c8",
               torch.complex64, torch.uint16, np.dtype(">f4"), np.dtype("U2"), "float32 ", "torch.int"]
 if "surrogate_dtype" not in KNOWN_BUGS:
@@ -776,11 +751,11 @@ def reference_dtype(spec):
     aliases and dtypes, then whatever NumPy makes of it), or None."""
     if isinstance(spec, str):
         name = spec[6:] if spec.startswith("torch.") else spec
-        if name in SUPPORTED or name in TORCH_ALIASES:
+        if name in ALL_DTYPES or name in TORCH_ALIASES:
             return TORCH_ALIASES.get(name, name)
     if isinstance(spec, torch.dtype):
         name = str(spec)[6:]
-        return TORCH_ALIASES.get(name, name) if name in SUPPORTED or name in TORCH_ALIASES else None
+        return TORCH_ALIASES.get(name, name) if name in ALL_DTYPES or name in TORCH_ALIASES else None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -793,11 +768,11 @@ def reference_dtype(spec):
 
 
 _dtype_specs = st.one_of(
-    st.sampled_from(SUPPORTED + list(TORCH_ALIASES) + ["torch." + n for n in SUPPORTED] + ["int", "float",
+    st.sampled_from(ALL_DTYPES + list(TORCH_ALIASES) + ["torch." + n for n in ALL_DTYPES] + ["int", "float",
                     "f", "d", "e", "?", "b", "B", "h", "i", "l", "q", "p", "H", "L", "<f4", "=i8", ">f8",
                     "f2", "i1", "u1", "u2", "(2)f4", "f4,i4", "S3", "M8[s]", "O", "c16", "g"]),
-    st.sampled_from([getattr(torch, n) for n in SUPPORTED] + [torch.uint16, torch.complex64, torch.float8_e4m3fn]),
-    st.sampled_from([numpy_dtype(n) for n in SUPPORTED] + [np.float32, np.int64, bool, float, int, complex]),
+    st.sampled_from([getattr(torch, n) for n in ALL_DTYPES] + [torch.uint16, torch.complex64, torch.float8_e4m3fn]),
+    st.sampled_from([numpy_dtype(n) for n in ALL_DTYPES] + [np.float32, np.int64, bool, float, int, complex]),
     st.text(max_size=8), st.binary(max_size=4), st.integers(-(2**70), 2**70), st.floats(), st.just(object()))
 
 
@@ -849,7 +824,7 @@ OTHER_DEVICES = ["CPU", "cuda", "cuda:0", 0, -1, "tpu", "", 1.5, torch.device("m
 
 
 @fuzz(400)
-@given(nested_data(), st.one_of(st.none(), st.sampled_from(SUPPORTED)), st.integers(0, 3),
+@given(nested_data(), st.one_of(st.none(), st.sampled_from(ALL_DTYPES)), st.integers(0, 3),
        st.sampled_from([None, True, False]),
        st.one_of(st.sampled_from(CPU_DEVICES), st.sampled_from(CPU_DEVICES), st.sampled_from(OTHER_DEVICES)))
 def test_asarray_nested_python_data(obj, target, spelling, copy, device):
@@ -880,7 +855,7 @@ def test_asarray_nested_python_data(obj, target, spelling, copy, device):
     same_values(a.numpy(), want)
 
 
-_numpy_dtypes = SUPPORTED + ["uint16", "uint32", "uint64", "complex64", "longdouble", "U2", "O",
+_numpy_dtypes = ALL_DTYPES + ["uint16", "uint32", "uint64", "complex64", "longdouble", "U2", "O",
                              "datetime64[s]", "V2", ">i2", ">i4", ">i8", ">f2", ">f4", ">f8"]
 
 
@@ -894,7 +869,7 @@ def numpy_arrays(draw):
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     base_shape = [2 * n + 1 for n in shape]
     if name:
-        base = random_values(rng, math.prod(base_shape), name).reshape(base_shape).astype(dt)
+        base = random_values(rng, base_shape, name, wide=True).astype(dt)
     else:
         base = np.zeros(base_shape, dt)
     view = draw(st.sampled_from(["contiguous", "fortran", "steps", "transpose", "broadcast"]
@@ -927,12 +902,12 @@ def numpy_arrays(draw):
 
 
 @fuzz(400)
-@given(numpy_arrays(), st.one_of(st.none(), st.sampled_from(SUPPORTED), st.sampled_from(BAD_DTYPES)),
+@given(numpy_arrays(), st.one_of(st.none(), st.sampled_from(ALL_DTYPES), st.sampled_from(BAD_DTYPES)),
        st.integers(0, 3), st.sampled_from([None, True, False]))
 def test_asarray_numpy_arrays(x, target, spelling, copy):
     note("%r %s strides=%s" % (x.dtype, x.shape, x.strides))
     name = ga_dtype_of_numpy(x.dtype)
-    if target is not None and not (isinstance(target, str) and target in SUPPORTED):
+    if target is not None and not (isinstance(target, str) and target in ALL_DTYPES):
         with pytest.raises(TypeError, match="dtype"):
             ga.asarray(x, dtype=target, copy=copy)
         return
@@ -1133,7 +1108,7 @@ def test_matmul_matches_torch(c):
 def bad_matmul_case(draw):
     """A valid small matmul with one argument spoiled: (kwargs, exception, words)."""
     M, K, N = (draw(st.integers(1, 4)) for _ in range(3))
-    dtype = draw(st.sampled_from(FLOATS))
+    dtype = draw(st.sampled_from(FLOAT_DTYPES))
     a = np.ones(draw(st.lists(st.integers(1, 2), max_size=2)) + [M, K], numpy_dtype(dtype))
     b = np.ones((K, N), numpy_dtype(dtype))
     kw = dict(a=a, b=b)
@@ -1151,7 +1126,7 @@ def bad_matmul_case(draw):
         kw["a"] = a.astype(draw(st.sampled_from(["int32", "int64", "uint8", "bool", "int8"])))
         return kw, TypeError, "a must be float"
     if what == "dtype_mix":
-        other = draw(st.sampled_from([d for d in FLOATS + ["int32"] if d != dtype]))
+        other = draw(st.sampled_from([d for d in FLOAT_DTYPES + ["int32"] if d != dtype]))
         kw["b"] = b.astype(numpy_dtype(other))
         return kw, TypeError, "a and b"
     if what == "k":
@@ -1168,7 +1143,7 @@ def bad_matmul_case(draw):
         kw["bias"] = np.ones(shape, numpy_dtype(dtype))
         return kw, ValueError, "bias"
     if what == "out_dtype":
-        bad = [d for d in SUPPORTED if d != dtype and not (d == "float32" and dtype in ("float16", "bfloat16"))]
+        bad = [d for d in ALL_DTYPES if d != dtype and not (d == "float32" and dtype in ("float16", "bfloat16"))]
         kw["out_dtype"] = draw(st.sampled_from(bad))
         return kw, ValueError, "out_dtype"
     if what == "out_dtype_junk":
@@ -1312,7 +1287,7 @@ def test_linear_backward_matches_torch(c):
 @st.composite
 def bad_linear_case(draw):
     M, K, N = (draw(st.integers(1, 4)) for _ in range(3))
-    dtype = draw(st.sampled_from(FLOATS))
+    dtype = draw(st.sampled_from(FLOAT_DTYPES))
     dt = numpy_dtype(dtype)
     x, w = np.ones((M, K), dt), np.ones((N, K), dt)
     kw = dict(x=x, weight=w)
@@ -1320,7 +1295,7 @@ def bad_linear_case(draw):
                                  "bias_shape", "bias_dtype", "x_int", "out", "bw_shape",
                                  "bw_act_needs_preact", "bw_preact_shape", "bw_dtype", "bw_out"]))
     fn = ga.linear
-    other = draw(st.sampled_from([d for d in FLOATS + ["int32"] if d != dtype]))
+    other = draw(st.sampled_from([d for d in FLOAT_DTYPES + ["int32"] if d != dtype]))
     if what == "activation":
         kw["activation"] = draw(st.sampled_from(BAD_ACTS))
         return fn, kw, ValueError, "activation must be"
@@ -1575,7 +1550,7 @@ _bad_pair_values = [0, -1, -(2**40), 2**20 + 1, 2**63, -(2**63), 2**64, 1.5, "1"
 
 @st.composite
 def bad_conv_case(draw):
-    dtype = draw(st.sampled_from(FLOATS))
+    dtype = draw(st.sampled_from(FLOAT_DTYPES))
     dt = numpy_dtype(dtype)
     g = draw(st.sampled_from([1, 1, 2]))
     N, H, W = draw(st.integers(1, 2)), draw(st.integers(3, 6)), draw(st.integers(3, 6))
@@ -1619,7 +1594,7 @@ def bad_conv_case(draw):
         kw["groups"] = draw(st.sampled_from([C + 1, 2 * C + 1, 2**31 - 1]))
         result = (ValueError, "groups=%d must divide" % kw["groups"])
     elif what == "dtype":
-        other = draw(st.sampled_from([d for d in FLOATS + ["int32", "bool"] if d != dtype]))
+        other = draw(st.sampled_from([d for d in FLOAT_DTYPES + ["int32", "bool"] if d != dtype]))
         kw[draw(st.sampled_from(["x", "weight"]))] = None
         kw["x"] = x if kw["x"] is not None else x.astype(numpy_dtype(other))
         kw["weight"] = w if kw["weight"] is not None else w.astype(numpy_dtype(other))
