@@ -44,6 +44,14 @@ def rng(request):
     return np.random.default_rng(seed)
 
 
+@pytest.fixture
+def no_limit():
+    """No limit on the CPU pool during the test, and none after it."""
+    gpuaccel.set_memory_limit(None, device="cpu")
+    yield
+    gpuaccel.set_memory_limit(None, device="cpu")
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item, call):
     report = yield

@@ -1,11 +1,16 @@
-"""Test helpers: references, tolerances, synthetic DLPack capsules."""
+"""Test helpers: references, tolerances, synthetic DLPack capsules, leak
+and resource checks, child interpreters."""
 
 import ctypes
 import gc
+import os
+import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
+import pytest
 
 import gpuaccel
 
@@ -240,7 +245,8 @@ def rss_bytes():
     return psutil.Process().memory_info().rss
 
 
-def _pool_bytes():
+def cpu_allocated():
+    """Bytes gpuaccel's CPU pool has handed out and not got back."""
     return gpuaccel.memory_stats("cpu")["allocated_bytes"]
 
 
@@ -251,7 +257,7 @@ def _leak_snapshot(watch):
         "totalrefcount": sys.gettotalrefcount() if hasattr(sys, "gettotalrefcount") else None,
         "gc_objects": len(gc.get_objects()),
         "watched_refcounts": [sys.getrefcount(o) for o in watch],
-        "pool_bytes": _pool_bytes(),
+        "pool_bytes": cpu_allocated(),
         "heap_bytes": heap_in_use(),
         "rss": rss_bytes(),
     }
@@ -314,3 +320,49 @@ def settle(condition, timeout=5.0):
             return False
         time.sleep(0.01)
     return True
+
+
+def native_threads():
+    """The names of this process's OS threads (Linux /proc), sorted; a
+    thread that ends meanwhile is left out."""
+    names = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open("/proc/self/task/%s/comm" % tid) as f:
+                names.append(f.read().strip())
+        except OSError:
+            pass
+    return sorted(names)
+
+
+def open_fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+# ---------------------------------------------------------------- child interpreters
+
+def python_env(**overrides):
+    """This process's environment for a child interpreter: the folder this
+    gpuaccel was imported from first on PYTHONPATH (so that an in-place build
+    is found from any folder), no pinned test seed, and `overrides`."""
+    env = dict(os.environ)
+    here = os.path.dirname(os.path.dirname(os.path.abspath(gpuaccel.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
+    env.pop("GPUACCEL_TEST_SEED", None)
+    env.update(overrides)
+    return env
+
+
+def run_python(*argv, timeout=120, env=None, text=True):
+    """Runs this interpreter with `argv` (e.g. "-c", code) in the temporary
+    folder, outside the checkout (whose gpuaccel/ has no built extension),
+    with python_env(**env); returns the CompletedProcess, output captured.
+    A run past `timeout` seconds is killed and fails the test."""
+    try:
+        return subprocess.run([sys.executable, *map(str, argv)], timeout=timeout, capture_output=True, text=text,
+                              cwd=tempfile.gettempdir(), env=python_env(**(env or {})))
+    except subprocess.TimeoutExpired as e:
+        err = e.stderr or b""
+        if isinstance(err, bytes):
+            err = err.decode(errors="replace")
+        pytest.fail("the subprocess hung (killed after %d s); stderr so far:\n%s" % (timeout, err[-3000:]))

@@ -10,6 +10,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from helpers import python_env
 
 import gpuaccel as ga
 
@@ -180,7 +181,8 @@ def test_distributed_mean_over_two_gloo_processes(tmp_path):
     )
     port = str(_free_port())
     procs = [subprocess.Popen([sys.executable, "-c", script, str(r), port, str(tmp_path)], cwd=tempfile.gettempdir(),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+                              env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(2)]
     for p in procs:
         out, err = p.communicate(timeout=120)
         assert p.returncode == 0, err

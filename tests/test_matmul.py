@@ -4,7 +4,7 @@ with this one."""
 
 import numpy as np
 import pytest
-from helpers import FLOAT_DTYPES, numpy_dtype
+from helpers import FLOAT_DTYPES, numpy_dtype, run_python
 
 import gpuaccel as ga
 
@@ -231,10 +231,6 @@ def test_settings_and_stats():
 
 
 def test_cpu_results_do_not_depend_on_thread_count(rng, tmp_path):
-    import subprocess
-    import sys
-    import tempfile
-
     script = (
         "import numpy as np, gpuaccel as ga\n"
         "rng = np.random.default_rng(5)\n"
@@ -246,9 +242,9 @@ def test_cpu_results_do_not_depend_on_thread_count(rng, tmp_path):
     )
     outs = []
     for threads in ("1", "2", "3"):
-        env = dict(__import__("os").environ, GPUACCEL_NUM_THREADS=threads)
-        outs.append(subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                                   cwd=tempfile.gettempdir(), timeout=120, check=True).stdout)
+        result = run_python("-c", script, env={"GPUACCEL_NUM_THREADS": threads}, text=False)
+        assert result.returncode == 0, result.stderr.decode(errors="replace")
+        outs.append(result.stdout)
     assert outs[0] == outs[1] == outs[2] and len(outs[0]) == 300 * 190 * 4
 
 

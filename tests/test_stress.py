@@ -12,7 +12,7 @@ import traceback
 
 import numpy as np
 import pytest
-from helpers import assert_no_leak, settle
+from helpers import assert_no_leak, native_threads, settle
 
 import gpuaccel as ga
 
@@ -338,17 +338,6 @@ N_ITERATIONS = 150
 JOIN_TIMEOUT = 120.0
 
 
-def _native_threads():
-    names = []
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open("/proc/self/task/%s/comm" % tid) as f:
-                names.append(f.read().strip())
-        except OSError:
-            pass
-    return sorted(names)
-
-
 def _run_threads(target, n=N_THREADS, timeout=JOIN_TIMEOUT):
     """Starts n threads at once (a barrier), joins them with a deadline;
     returns the exceptions they raised.  A thread still alive at the
@@ -501,11 +490,11 @@ def test_threads_mixed_work_is_exact(tmp_path):
             counters["exchanges"] += n_exchanges
             counters["logs"] += 2 * N_ITERATIONS
 
-    threads_before = _native_threads()
+    threads_before = native_threads()
     errors = _run_threads(work)
     assert not errors, "\n".join(errors)
-    assert settle(lambda: _native_threads() <= threads_before), (
-        "loader threads left running: %s, before %s" % (_native_threads(), threads_before))
+    assert settle(lambda: len(native_threads()) <= len(threads_before)), (
+        "loader threads left running: %s, before %s" % (native_threads(), threads_before))
 
     summary = shared_log.flush()
     steps, values = shared_log.history("loss", with_steps=True)
