@@ -33,6 +33,23 @@ def simulated():
         return False
 
 
+def assert_within(actual, expected, atol, rtol, reduction=1):
+    """|actual - expected| <= atol * sqrt(reduction) + rtol * |expected| for
+    every element, compared as float64 (NaN fails).  `reduction` is the
+    length of the sums behind each element: their rounding error grows like
+    its square root."""
+    actual = np.asarray(actual, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    bound = atol * np.sqrt(max(reduction, 1)) + rtol * np.abs(expected)
+    err = np.abs(actual - expected)
+    bad = ~(err <= bound)  # NaN counts as bad
+    if bad.any():
+        worst = np.unravel_index(np.argmax(np.where(bad, err, -1.0)), err.shape)
+        raise AssertionError("%d of %d elements off; worst %g at %s (bound there %g)" % (
+            bad.sum(), bad.size, err[worst], tuple(int(i) for i in worst), np.broadcast_to(bound, err.shape)[worst]))
+
+
 # tolerances of the form atol + rtol * |reference|, per dtype
 TOLERANCE = {
     "float16": (1e-3, 1e-3),
@@ -43,15 +60,40 @@ TOLERANCE = {
 
 
 def assert_close(actual, expected, dtype, scale=1.0):
+    """actual within `scale` times `dtype`'s TOLERANCE of expected."""
     atol, rtol = TOLERANCE[dtype]
-    actual = np.asarray(actual, dtype=np.float64)
-    expected = np.asarray(expected, dtype=np.float64)
-    assert actual.shape == expected.shape, (actual.shape, expected.shape)
-    bound = scale * (atol + rtol * np.abs(expected))
-    err = np.abs(actual - expected)
-    bad = ~(err <= bound)  # NaN counts as bad
-    assert not bad.any(), "%d of %d elements off; worst %g at %s (bound %g)" % (
-        bad.sum(), bad.size, err.max(), np.unravel_index(np.argmax(err), err.shape), bound.max())
+    assert_within(actual, expected, scale * atol, scale * rtol)
+
+
+def activation_ref(z, activation):
+    """gpuaccel's activation (None, "relu", or "gelu" in its tanh
+    approximation) of a float64 NumPy array."""
+    if activation == "relu":
+        return np.maximum(z, 0)
+    if activation == "gelu":
+        return 0.5 * z * (1 + np.tanh(np.sqrt(2 / np.pi) * (z + 0.044715 * z**3)))
+    return z
+
+
+def activation_grad_ref(z, activation):
+    """The derivative of activation_ref at z (float64 NumPy arrays)."""
+    if activation == "relu":
+        return (z > 0).astype(np.float64)
+    if activation == "gelu":
+        t = np.tanh(np.sqrt(2 / np.pi) * (z + 0.044715 * z**3))
+        return 0.5 * (1 + t) + 0.5 * z * (1 - t * t) * np.sqrt(2 / np.pi) * (1 + 3 * 0.044715 * z * z)
+    return np.ones_like(z)
+
+
+def torch_activation(z, activation):
+    """activation_ref of a torch tensor, differentiable by autograd."""
+    import torch
+
+    if activation == "relu":
+        return torch.relu(z)
+    if activation == "gelu":
+        return torch.nn.functional.gelu(z, approximate="tanh")
+    return z
 
 
 def torch_dtype(name):

@@ -47,7 +47,8 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from helpers import ALL_DTYPES, FLOAT_DTYPES, INT_DTYPES, SyntheticTensor, capsule_name, numpy_dtype, random_values
+from helpers import (ALL_DTYPES, FLOAT_DTYPES, INT_DTYPES, SyntheticTensor, activation_grad_ref, capsule_name, numpy_dtype,
+                     random_values, torch_activation)
 from hypothesis import HealthCheck, assume, given, note, settings
 from hypothesis import strategies as st
 
@@ -957,25 +958,6 @@ OP_DTYPES = ["float32", "float64", "float32", "float64", "float16", "bfloat16"]
 EPS = {"float16": 1e-3, "bfloat16": 8e-3, "float32": 2e-6, "float64": 1e-14}
 
 
-def torch_act(z, act):
-    if act == "relu":
-        return torch.relu(z)
-    if act == "gelu":
-        return torch.nn.functional.gelu(z, approximate="tanh")
-    return z
-
-
-def act_grad(z, act):
-    """d act / dz at z (float64 tensors)."""
-    if act is None:
-        return torch.ones_like(z)
-    if act == "relu":
-        return (z > 0).to(z.dtype)
-    z = z.detach().clone().requires_grad_(True)
-    torch.nn.functional.gelu(z, approximate="tanh").sum().backward()
-    return z.grad
-
-
 def make_array(rng, shape, dtype, layout):
     """Values in [-2, 2) of `dtype` laid out as `layout` says."""
     shape = tuple(shape)
@@ -1083,7 +1065,7 @@ def test_matmul_matches_torch(c):
             dtype) else as_t(bias)
         tbias = tbias if len(c["b_shape"]) > 1 else tbias[0]
         ref, scale = ref + tbias, scale + tbias.abs()
-    ref = torch_act(ref, c["act"])
+    ref = torch_activation(ref, c["act"])
     kwargs = dict(activation=c["act"])
     if bias is not None:
         kwargs["bias"] = bias
@@ -1217,7 +1199,7 @@ def test_linear_matches_torch(c):
     scale = tx.abs() @ tw.abs().T
     if bias is not None:
         z, scale = z + as_t(bias), scale + as_t(bias).abs()
-    ref = torch_act(z, c["act"])
+    ref = torch_activation(z, c["act"])
     out = None if c["out"] is None else out_buffer(ref.shape, dtype, c["out"])
     r = ga.linear(wrap(x, c["how"]), wrap(w, c["how"]), bias, c["act"], out=out,
                   save_preactivation=c["save"])
@@ -1268,7 +1250,7 @@ def test_linear_backward_matches_torch(c):
                               for s, use in zip(shapes, c["outs"]))
     gx, gw, gb = ga.linear_backward(wrap(gy, c["how"]), wrap(x, c["how"]), wrap(w, c["how"]), **kwargs)
     tgy, tx, tw = as_t(gy), as_t(x), as_t(w)
-    dz = tgy if act is None else tgy * act_grad(as_t(aux.numpy()), act)
+    dz = tgy if act is None else tgy * as_t(activation_grad_ref(np.asarray(aux.numpy(), np.float64), act))
     rows = math.prod(c["x_shape"][:-1])
     dz2, x2 = dz.reshape(rows, N), tx.reshape(rows, K)
     for k, (got, ref, scale) in enumerate([
@@ -1448,7 +1430,7 @@ def test_conv2d_matches_torch(c):
     z, scale = torch_conv(c, tx, tw), torch_conv(c, tx.abs(), tw.abs())
     if bias is not None:
         z, scale = z + as_t(bias)[:, None, None], scale + as_t(bias).abs()[:, None, None]
-    ref = torch_act(z, c["act"])
+    ref = torch_activation(z, c["act"])
     r = call()
     y, aux = r if c["save"] else (r, None)
     check_close(y, to_layout(ref, c), to_layout(scale, c), dtype)
@@ -1500,7 +1482,7 @@ def test_conv2d_backward_matches_torch(c):
     aux_nchw = None if act is None else np.asarray(y.numpy() if act == "relu" else aux.numpy())
     if aux_nchw is not None and c["layout"] == "NHWC":
         aux_nchw = aux_nchw.transpose(0, 3, 1, 2)
-    dz = as_t(gy) if act is None else as_t(gy) * act_grad(as_t(aux_nchw), act)
+    dz = as_t(gy) if act is None else as_t(gy) * as_t(activation_grad_ref(np.asarray(aux_nchw, np.float64), act))
     tx, tw = as_t(x).requires_grad_(True), as_t(w).requires_grad_(True)
     torch_conv(c, tx, tw).backward(dz)
     ax, aw = as_t(np.abs(x)).requires_grad_(True), as_t(np.abs(w)).requires_grad_(True)

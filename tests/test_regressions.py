@@ -9,10 +9,6 @@ from helpers import assert_close
 import gpuaccel as ga
 
 
-def gelu(z):
-    return 0.5 * z * (1.0 + np.tanh(0.7978845608028654 * (z + 0.044715 * z ** 3)))
-
-
 @pytest.mark.parametrize("view", ["step", "reversed", "broadcast"])
 def test_strided_bias_is_read_with_its_strides(rng, view):
     x = rng.standard_normal((7, 5))

@@ -3,6 +3,7 @@ autocast, torch.compile), and the modules' compatibility with nn.Linear /
 nn.Conv2d, on the CPU."""
 
 import pytest
+from helpers import torch_activation
 
 torch = pytest.importorskip("torch")
 gt = pytest.importorskip("gpuaccel.torch")
@@ -10,8 +11,7 @@ F = torch.nn.functional
 
 
 def reference_linear(x, w, b, activation):
-    z = F.linear(x, w, b)
-    return {"relu": torch.relu, "gelu": lambda t: F.gelu(t, approximate="tanh")}.get(activation, lambda t: t)(z)
+    return torch_activation(F.linear(x, w, b), activation)
 
 
 @pytest.mark.parametrize("activation", [None, "relu", "gelu"])
