@@ -30,9 +30,12 @@ FATAL = ("Segmentation fault", "Fatal Python error", "Bus error", "core dumped",
 # -------------------------------------------------------- subprocesses
 
 def run_script(script, *args, timeout=60):
-    """Runs `script` in a fresh interpreter outside the checkout; a hang
-    past `timeout` is a failure (the process is killed)."""
-    return run_python("-c", textwrap.dedent(script), *args, timeout=timeout)
+    """Runs `script` in a fresh interpreter outside the checkout and asserts
+    that it ended cleanly (assert_clean); a hang past `timeout` is a failure
+    (the process is killed)."""
+    result = run_python("-c", textwrap.dedent(script), *args, timeout=timeout)
+    assert_clean(result)
+    return result
 
 
 def assert_clean(result, expect_rc=0):
@@ -325,7 +328,6 @@ print(json.dumps(results))
 
 def test_npy_truncated_while_loading_raises_or_finishes(tmp_path):
     result = run_script(TRUNCATE_SCRIPT, tmp_path / "data.npy", timeout=120)
-    assert_clean(result)
     results = json.loads(result.stdout.strip().splitlines()[-1])
     for r in results:
         if r["outcome"] != "finished":
@@ -362,7 +364,6 @@ def test_memmap_source_truncated_while_loading(tmp_path):
     """A np.memmap source is read with pread(): the truncation is an OSError
     naming the file, not a SIGBUS."""
     result = run_script(MEMMAP_SCRIPT, tmp_path / "mm.npy", timeout=60)
-    assert_clean(result)
     out = result.stdout.strip()
     assert out.startswith("raised") and "mm.npy" in out and "truncated" in out, out
     FAULTS["memmap_truncations"] = 1
@@ -661,7 +662,6 @@ sys.exit(1 if bad else 0)
 
 def test_fork_after_use_child_works_on_the_cpu():
     result = run_script(FORK_SCRIPT, timeout=120)
-    assert_clean(result)
     assert "children []" in result.stdout
     FAULTS["forks"] = 3
 
@@ -722,7 +722,6 @@ print("bad", bad)
 
 def test_fork_while_another_thread_runs_a_matmul():
     result = run_script(FORK_WHILE_MATMUL_SCRIPT, timeout=120)
-    assert_clean(result)
     assert "bad 0" in result.stdout
     FAULTS["forks_during_matmul"] = 10
 
@@ -760,7 +759,6 @@ print("ok")
 
 def test_fork_with_an_epoch_under_way_child_exits():
     result = run_script(FORK_LIVE_ITERATOR_SCRIPT, timeout=60)
-    assert_clean(result)
     assert result.stdout.strip() == "ok"
 
 
@@ -811,8 +809,7 @@ sys.exit(3 if hung else 0)
 
 
 def test_fork_while_loader_workers_allocate():
-    result = run_script(FORK_WHILE_LOADING_SCRIPT, timeout=120)
-    assert_clean(result)
+    run_script(FORK_WHILE_LOADING_SCRIPT, timeout=120)
 
 
 # =================================================== threads misusing one loader
@@ -847,8 +844,7 @@ print(outcome)
 
 
 def test_close_from_another_thread_wakes_a_waiting_next():
-    result = run_script(CLOSE_FROM_OTHER_THREAD_SCRIPT, timeout=60)
-    assert_clean(result)
+    run_script(CLOSE_FROM_OTHER_THREAD_SCRIPT, timeout=60)
 
 
 SHARED_ITERATOR_SCRIPT = """
@@ -883,7 +879,6 @@ print("ok")
 
 def test_two_threads_sharing_one_epoch_iterator():
     result = run_script(SHARED_ITERATOR_SCRIPT, timeout=120)
-    assert_clean(result)
     assert result.stdout.strip().endswith("ok")
 
 

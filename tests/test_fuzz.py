@@ -996,15 +996,34 @@ def as_t(x):
     return torch.from_numpy(np.array(x, dtype=np.float64))
 
 
-def check_close(got, ref, scale, dtype):
-    """got (an Array) within `dtype`'s rounding of ref (float64)."""
+def check_close(got, ref, scale, dtype, out=None):
+    """got (an Array) within `dtype`'s rounding of ref (float64); so is
+    `out`, the buffer passed as out= (if any)."""
     assert got.dtype == dtype, (got.dtype, dtype)
-    got = np.asarray(got.numpy(), dtype=np.float64)
-    ref = ref.detach().numpy()
-    assert got.shape == ref.shape, (got.shape, ref.shape)
+    values = np.asarray(got.numpy(), dtype=np.float64)
+    expected = ref.detach().numpy()
+    assert values.shape == expected.shape, (values.shape, expected.shape)
     bound = 8 * EPS[dtype] * (np.asarray(scale) + 1)
-    err = np.abs(got - ref)
+    err = np.abs(values - expected)
     assert (err <= bound).all(), "worst error %g (bound %g)" % (err.max(), bound.max())
+    if out is not None:
+        check_close(ga.asarray(out), ref, scale, dtype)
+
+
+def needs_grads(c):
+    """The needs_*_grad arguments of a backward op, as c["need"] says."""
+    return dict(needs_input_grad=c["need"][0], needs_weight_grad=c["need"][1], needs_bias_grad=c["need"][2])
+
+
+def check_grads(grads, refs, c, outs, dtype):
+    """A backward op's (input, weight, bias) gradients: None where c["need"]
+    says so, else within rounding of their (reference, scale) in `refs`, and
+    so are their out= buffers in `outs` (None for none)."""
+    for got, (ref, scale), needed, out in zip(grads, refs, c["need"], outs or (None,) * 3):
+        if not needed:
+            assert got is None
+            continue
+        check_close(got, ref, 2 * scale, dtype, out)
 
 
 def bias_layouts():
@@ -1081,9 +1100,7 @@ def test_matmul_matches_torch(c):
         out = a  # the result overwrites an input
         kwargs["out"] = A
     y = ga.matmul(A, wrap(b, c["b_how"]), **kwargs)
-    check_close(y, ref, scale, result_dtype)
-    if out is not None:
-        check_close(ga.asarray(out), ref, scale, result_dtype)
+    check_close(y, ref, scale, result_dtype, out)
 
 
 @st.composite
@@ -1213,9 +1230,7 @@ def test_linear_matches_torch(c):
             assert aux is None
     else:
         y = r
-    check_close(y, ref, scale, dtype)
-    if out is not None:
-        check_close(ga.asarray(out), ref, scale, dtype)
+    check_close(y, ref, scale, dtype, out)
 
 
 @st.composite
@@ -1240,8 +1255,7 @@ def test_linear_backward_matches_torch(c):
     act = c["act"]
     # the pre-activation as gpuaccel saw it: relu's mask then agrees
     _, aux = ga.linear(x, w, bias, act, save_preactivation=True)
-    kwargs = dict(activation=act, needs_input_grad=c["need"][0], needs_weight_grad=c["need"][1],
-                  needs_bias_grad=c["need"][2])
+    kwargs = dict(activation=act, **needs_grads(c))
     if act is not None:
         kwargs["preactivation"] = aux
     if c["outs"][3]:  # preallocated results, some of them
@@ -1253,17 +1267,9 @@ def test_linear_backward_matches_torch(c):
     dz = tgy if act is None else tgy * as_t(activation_grad_ref(np.asarray(aux.numpy(), np.float64), act))
     rows = math.prod(c["x_shape"][:-1])
     dz2, x2 = dz.reshape(rows, N), tx.reshape(rows, K)
-    for k, (got, ref, scale) in enumerate([
-        (gx, dz @ tw, dz.abs() @ tw.abs()),
-        (gw, dz2.T @ x2, dz2.abs().T @ x2.abs()),
-        (gb, dz2.sum(0), dz2.abs().sum(0)),
-    ]):
-        if not c["need"][k]:
-            assert got is None
-            continue
-        check_close(got, ref, 2 * scale, dtype)
-        if c["outs"][3] and c["outs"][k]:
-            check_close(ga.asarray(kwargs["out"][k]), ref, 2 * scale, dtype)
+    check_grads((gx, gw, gb), [(dz @ tw, dz.abs() @ tw.abs()),
+                               (dz2.T @ x2, dz2.abs().T @ x2.abs()),
+                               (dz2.sum(0), dz2.abs().sum(0))], c, kwargs.get("out"), dtype)
 
 
 @st.composite
@@ -1433,10 +1439,8 @@ def test_conv2d_matches_torch(c):
     ref = torch_activation(z, c["act"])
     r = call()
     y, aux = r if c["save"] else (r, None)
-    check_close(y, to_layout(ref, c), to_layout(scale, c), dtype)
-    if out is not None:
-        check_close(ga.asarray(out), to_layout(ref, c), to_layout(scale, c), dtype)
-    elif c["layout"] == "channels_last" and c["x_shape"][1] > 1 and K > 1 and c["x_shape"][2] * c["x_shape"][3] > 1:
+    check_close(y, to_layout(ref, c), to_layout(scale, c), dtype, out)
+    if out is None and c["layout"] == "channels_last" and c["x_shape"][1] > 1 and K > 1 and c["x_shape"][2] * c["x_shape"][3] > 1:
         assert y.strides[1] == y.itemsize  # follows the input's (unambiguous) memory format
     if c["save"]:
         if c["act"] == "gelu":
@@ -1468,8 +1472,7 @@ def test_conv2d_backward_matches_torch(c):
     P, Q = conv_out_size(c)
     gy = make_array(rng, (c["x_shape"][0], K, P, Q), dtype, "contiguous")
     GY = np.ascontiguousarray(gy.transpose(0, 2, 3, 1)) if c["layout"] == "NHWC" else gy
-    extra = dict(activation=act, needs_input_grad=c["need"][0], needs_weight_grad=c["need"][1],
-                 needs_bias_grad=c["need"][2])
+    extra = dict(activation=act, **needs_grads(c))
     if act == "relu":
         extra[c["relu_aux"]] = y
     elif act == "gelu":
@@ -1487,15 +1490,9 @@ def test_conv2d_backward_matches_torch(c):
     torch_conv(c, tx, tw).backward(dz)
     ax, aw = as_t(np.abs(x)).requires_grad_(True), as_t(np.abs(w)).requires_grad_(True)
     torch_conv(c, ax, aw).backward(dz.abs())
-    for k, (got, ref, scale) in enumerate([(gx, to_layout(tx.grad, c), to_layout(ax.grad, c)),
-                                           (gw, to_layout(tw.grad, c), to_layout(aw.grad, c)),
-                                           (gb, dz.sum((0, 2, 3)), dz.abs().sum((0, 2, 3)))]):
-        if not c["need"][k]:
-            assert got is None
-            continue
-        check_close(got, ref, 2 * scale, dtype)
-        if c["out"]:
-            check_close(ga.asarray(extra["out"][k]), ref, 2 * scale, dtype)
+    check_grads((gx, gw, gb), [(to_layout(tx.grad, c), to_layout(ax.grad, c)),
+                               (to_layout(tw.grad, c), to_layout(aw.grad, c)),
+                               (dz.sum((0, 2, 3)), dz.abs().sum((0, 2, 3)))], c, extra.get("out"), dtype)
 
 
 @fuzz(40)
