@@ -12,9 +12,10 @@ import os
 
 import numpy as np
 import pytest
-from helpers import simulated
 
 import gpuaccel
+
+from helpers import simulated
 
 CUDA = gpuaccel.cuda_available()
 SIMULATED = simulated()

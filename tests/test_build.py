@@ -6,6 +6,7 @@ import sys
 import textwrap
 
 import pytest
+
 from helpers import run_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

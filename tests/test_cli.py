@@ -6,10 +6,11 @@ import os
 import sys
 
 import pytest
-from helpers import run_python
 
 import gpuaccel as ga
 from gpuaccel import doctor
+
+from helpers import run_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -8,9 +8,10 @@ import warnings
 
 import numpy as np
 import pytest
-from helpers import FLOAT_DTYPES, assert_within, torch_activation
 
 import gpuaccel as ga
+
+from helpers import FLOAT_DTYPES, assert_within, torch_activation
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional

@@ -4,9 +4,10 @@ test_conv.py) and against torch on the GPU."""
 
 import numpy as np
 import pytest
-from helpers import FLOAT_DTYPES, LONG_SLEEP_CYCLES, assert_within
 
 import gpuaccel as ga
+
+from helpers import FLOAT_DTYPES, LONG_SLEEP_CYCLES, assert_within
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional

@@ -6,9 +6,10 @@ import pickle
 import textwrap
 
 import pytest
-from helpers import run_python
 
 import gpuaccel as ga
+
+from helpers import run_python
 
 
 @pytest.mark.parametrize(

@@ -7,9 +7,10 @@ import gc
 
 import numpy as np
 import pytest
-from helpers import ALL_DTYPES, SyntheticTensor, capsule_name, random_values
 
 import gpuaccel as ga
+
+from helpers import ALL_DTYPES, SyntheticTensor, capsule_name, random_values
 
 torch = pytest.importorskip("torch")
 
@@ -285,7 +286,6 @@ def test_from_dlpack_argument_errors():
 
     with pytest.raises(TypeError, match="not a capsule"):
         ga.from_dlpack(Liar())
-
 
 
 def test_dlpack_device_is_only_asked_for_with_a_current_stream():

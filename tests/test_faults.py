@@ -17,9 +17,10 @@ import time
 
 import numpy as np
 import pytest
-from helpers import cpu_allocated, native_threads, open_fds, python_env, run_python, settle
 
 import gpuaccel as ga
+
+from helpers import cpu_allocated, native_threads, open_fds, python_env, run_python, settle
 
 torch = pytest.importorskip("torch")
 

@@ -47,12 +47,22 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from helpers import (ALL_DTYPES, FLOAT_DTYPES, INT_DTYPES, SyntheticTensor, activation_grad_ref, capsule_name, numpy_dtype,
-                     random_values, torch_activation)
 from hypothesis import HealthCheck, assume, given, note, settings
 from hypothesis import strategies as st
 
 import gpuaccel as ga
+
+from helpers import (
+    ALL_DTYPES,
+    FLOAT_DTYPES,
+    INT_DTYPES,
+    SyntheticTensor,
+    activation_grad_ref,
+    capsule_name,
+    numpy_dtype,
+    random_values,
+    torch_activation,
+)
 
 torch = pytest.importorskip("torch")
 
@@ -761,7 +771,7 @@ def reference_dtype(spec):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             dt = np.dtype(spec)
-    except Exception:
+    except Exception:  # noqa: BLE001 - whatever NumPy rejects, and how, gpuaccel must reject too
         return None
     # a dtype argument asks for native byte order ("=f8"; ">f8" only where
     # that is native): gpuaccel arrays have no other
@@ -1418,7 +1428,7 @@ def test_conv2d_matches_torch(c):
     rng = np.random.default_rng(c["seed"])
     dtype = c["dtype"]
     x, w, X, Wt = conv_inputs(c, rng)
-    N, K = c["x_shape"][0], c["w_shape"][0]
+    (N, C, H, W), K = c["x_shape"], c["w_shape"][0]
     bias = None if c["bias"] is None else make_array(rng, (K,), dtype, c["bias"])
     kwargs = conv_kwargs(c)
     P, Q = conv_out_size(c)
@@ -1440,7 +1450,7 @@ def test_conv2d_matches_torch(c):
     r = call()
     y, aux = r if c["save"] else (r, None)
     check_close(y, to_layout(ref, c), to_layout(scale, c), dtype, out)
-    if out is None and c["layout"] == "channels_last" and c["x_shape"][1] > 1 and K > 1 and c["x_shape"][2] * c["x_shape"][3] > 1:
+    if out is None and c["layout"] == "channels_last" and C > 1 and K > 1 and H * W > 1:
         assert y.strides[1] == y.itemsize  # follows the input's (unambiguous) memory format
     if c["save"]:
         if c["act"] == "gelu":

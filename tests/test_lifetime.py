@@ -8,9 +8,10 @@ import threading
 
 import numpy as np
 import pytest
-from helpers import rss_bytes, run_python
 
 import gpuaccel as ga
+
+from helpers import rss_bytes, run_python
 
 torch = pytest.importorskip("torch")
 psutil = pytest.importorskip("psutil")
@@ -45,7 +46,7 @@ def test_no_growth_over_100k_exchanges():
 
 def test_no_growth_over_array_churn():
     def churn(n):
-        for i in range(n):
+        for _ in range(n):
             a = ga.zeros((3, 5), dtype="float16")
             b = a[1:, ::2].T.reshape(-1).astype("float32")
             a[0] = b[:5]

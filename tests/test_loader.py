@@ -6,9 +6,10 @@ import textwrap
 
 import numpy as np
 import pytest
-from helpers import assert_close, native_threads, numpy_dtype, open_fds, run_python
 
 import gpuaccel as ga
+
+from helpers import assert_close, native_threads, numpy_dtype, open_fds, run_python
 
 
 def dataset(rng, n, image=(5, 4, 3)):
@@ -286,10 +287,10 @@ def test_nothing_left_behind_after_100_short_iterations(rng, tmp_path):
     run(loader)  # warm the pools
     threads, fds, mem = len(native_threads()), open_fds(), ga.memory_stats("cpu")["allocated_bytes"]
     for i in range(100):
-        for k, batch in enumerate(loader):
+        for k, _batch in enumerate(loader):
             if k == i % 5:
                 break  # leave mid-epoch
-        del batch
+        del _batch
     assert len(native_threads()) <= threads  # a thread of an earlier test may have ended meanwhile
     assert open_fds() == fds
     assert ga.memory_stats("cpu")["allocated_bytes"] == mem

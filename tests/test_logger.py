@@ -10,9 +10,10 @@ import textwrap
 
 import numpy as np
 import pytest
-from helpers import python_env
 
 import gpuaccel as ga
+
+from helpers import python_env
 
 torch = pytest.importorskip("torch")
 
@@ -41,7 +42,7 @@ def test_window_means_and_history_match_numpy(rng, every, steps):
     summary = log.flush()
     ref_loss = windows_reference(loss.astype(np.float32), every)
     assert [s for s, _ in seen] == [s for s, _ in ref_loss]
-    for (step, values), (_, want) in zip(seen, ref_loss):
+    for (_, values), (_, want) in zip(seen, ref_loss):
         assert values["loss"] == pytest.approx(want, rel=1e-6, abs=1e-6)
     for (_, values), (_, want) in zip(seen, windows_reference(acc, every)):
         assert values["acc"] == pytest.approx(want, rel=1e-12)

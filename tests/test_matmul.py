@@ -4,9 +4,10 @@ with this one."""
 
 import numpy as np
 import pytest
-from helpers import FLOAT_DTYPES, activation_grad_ref, activation_ref, assert_within, numpy_dtype, run_python
 
 import gpuaccel as ga
+
+from helpers import FLOAT_DTYPES, activation_grad_ref, activation_ref, assert_within, numpy_dtype, run_python
 
 torch = pytest.importorskip("torch")
 

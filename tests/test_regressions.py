@@ -4,9 +4,10 @@ happens to draw."""
 
 import numpy as np
 import pytest
-from helpers import assert_close
 
 import gpuaccel as ga
+
+from helpers import assert_close
 
 
 @pytest.mark.parametrize("view", ["step", "reversed", "broadcast"])

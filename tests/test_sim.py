@@ -14,6 +14,7 @@ unraisable warning) still fails the test.
 import textwrap
 
 import pytest
+
 from helpers import run_python, simulated
 
 pytestmark = pytest.mark.skipif(not simulated(), reason="needs a simulator build (GPUACCEL_SIM=1)")

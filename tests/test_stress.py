@@ -12,9 +12,10 @@ import traceback
 
 import numpy as np
 import pytest
-from helpers import assert_no_leak, native_threads, settle
 
 import gpuaccel as ga
+
+from helpers import assert_no_leak, native_threads, settle
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("psutil")
@@ -212,11 +213,11 @@ def _loader_cases(npy_file):
     torch_loader = ga.PinnedLoader([path], 32, transform=ga.ImageNormalize(0.5, 0.25, dtype="float32"))
 
     def full_epoch():
-        for xb, yb in loader:
+        for _ in loader:
             pass
 
     def break_early():
-        for i, batch in enumerate(loader):
+        for i, _ in enumerate(loader):
             if i == 1:
                 break
 
@@ -225,7 +226,7 @@ def _loader_cases(npy_file):
         next(it)  # dropped with batches in flight
 
     def torch_epoch():
-        for (xb,) in torch_loader:
+        for _ in torch_loader:
             pass
 
     def construct():
@@ -463,7 +464,7 @@ def test_threads_mixed_work_is_exact(tmp_path):
                     n_batches += 1
                 assert pos == len(images)
             elif i % 4 == 2:
-                for j, (xb, yb) in enumerate(loader):  # and leaving an epoch early
+                for j, _ in enumerate(loader):  # and leaving an epoch early
                     if j == 2:
                         break
             # loggers: values exact in float32
