@@ -41,6 +41,21 @@ int ga_has_attr(PyObject *obj, PyObject *name)
     return rc;
 }
 
+int ga_copy_flag_from_object(PyObject *obj, int *out)
+{
+    if (obj == NULL || obj == Py_None) {
+        *out = -1;
+        return 0;
+    }
+    if (PyBool_Check(obj)) {
+        *out = obj == Py_True;
+        return 0;
+    }
+    PyErr_Format(PyExc_TypeError, "copy must be None, True or False, got %.200s",
+                 ga_type_name(obj));
+    return -1;
+}
+
 int ga_parse_args(const char *func, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
                   const char *const *names, int max_positional, int required, PyObject **values)
 {

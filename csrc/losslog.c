@@ -21,6 +21,7 @@
 #include <time.h>
 
 #include "array.h"
+#include "logger.h"
 
 enum { METRIC_UNUSED = 0, METRIC_HOST = 1, METRIC_CUDA = 2 };
 

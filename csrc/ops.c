@@ -12,8 +12,10 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "array.h"
+#include "create.h"
 #include "ops.h"
+#include "torch.h"
+#include "transfer.h"
 
 #define GA_MAX_WORKSPACES 32
 
