@@ -336,6 +336,19 @@ static int run_matmul(ga_state *st, ga_matmul_desc *desc, ga_device device, ga_s
     return 0;
 }
 
+/* The stream an op with stream=None runs on: gpuaccel's current stream
+ * when one is set (`with stream:`), else, for an op on torch tensors,
+ * torch's current stream (where torch queued the work that wrote them and
+ * will queue the work that reads the result), else the legacy default
+ * stream. */
+static int default_stream(ga_state *st, int device, int on_torch_tensors, ga_stream *out)
+{
+    int made_current = ga_stream_made_current(st, device, out);
+    if (made_current != 0 || !on_torch_tensors)
+        return made_current < 0 ? -1 : 0;
+    return ga_torch_current_stream(st, device, out) < 0 ? -1 : 0;
+}
+
 /* The stream an op runs on, into *s: `stream=` when given, else the default
  * for its leading operand (torch's current stream for a torch tensor).
  * Returns it as an object too (a new reference; None for a CPU op), for
@@ -351,7 +364,7 @@ static PyObject *op_stream(ga_state *st, const ArrayObject *lead, PyObject *stre
     int from_torch = lead->base && ga_is_torch_tensor(st, lead->base);
     if (ga_ensure_cuda_device(st, device) < 0 ||
         (stream_obj == NULL || stream_obj == Py_None
-             ? ga_op_default_stream(st, device, from_torch, s)
+             ? default_stream(st, device, from_torch, s)
              : ga_stream_from_object(st, stream_obj, device, s, "stream")) < 0)
         return NULL;
     return PyLong_FromVoidPtr((void *)*s);
