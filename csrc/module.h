@@ -16,7 +16,7 @@
  *   create.c                     asarray, empty / zeros / ones / full
  *   array_type.c                 the gpuaccel.Array type's methods and slots
  *   ops.c                        matmul, linear, conv2d and their backward
- *   loader.c, losslog.c          PinnedLoader and LossLogger
+ *   loader.c, logger.c           PinnedLoader and LossLogger
  *   module.c                     the module: types, method table
  */
 #ifndef GPUACCEL_MODULE_H

@@ -1,5 +1,5 @@
 /*
- * losslog.c — the native core of gpuaccel.LossLogger (gpuaccel/logger.py
+ * logger.c — the native core of gpuaccel.LossLogger (gpuaccel/logger.py
  * subclasses it and holds callbacks, history, progress bars and the
  * distributed reduce).
  *
