@@ -2,7 +2,7 @@
  * module.h — module state and the helpers every csrc/ file uses.
  *
  * csrc/ in layers, each .c file with its own header; a file calls only
- * files of its own layer or of the layers above it in this list:
+ * the files on its own line of this list or above it:
  *
  *   module.h, errors.c, args.c   state, the error translator, arguments
  *   device.c                     devices, streams, events, current stream
@@ -15,7 +15,9 @@
  *   torch.c                      torch tensors without DLPack, torch's stream
  *   create.c                     asarray, empty / zeros / ones / full
  *   array_type.c                 the gpuaccel.Array type's methods and slots
- *   ops.c                        matmul, linear, conv2d and their backward
+ *   ops.c                        what the ops share: settings, statistics,
+ *                                workspaces, operands, results, streams
+ *   matmul.c, conv.c             the ops: matmul, linear, conv2d, backward
  *   loader.c, logger.c           PinnedLoader and LossLogger
  *   module.c                     the module: types, method table
  */
@@ -24,6 +26,8 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+
+#include <stddef.h>
 
 #include "../kernels/kernels.h"
 
@@ -118,6 +122,18 @@ int ga_has_attr(PyObject *obj, PyObject *name);
  * must come.  values[i] is a borrowed reference, or NULL when absent. */
 int ga_parse_args(const char *func, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
                   const char *const *names, int max_positional, int required, PyObject **values);
+/* An argument read into a field of a struct of PyObject pointers: its
+ * name, which GA_ARG makes the field's name too, and the field's offset. */
+typedef struct {
+    const char *name;
+    size_t offset;
+} ga_arg_field;
+#define GA_ARG(type, field) {#field, offsetof(type, field)}
+/* ga_parse_args into the fields of *out that `fields` lists, in their
+ * positional order and ended by {NULL, 0}. */
+int ga_parse_args_into(const char *func, PyObject *const *args, Py_ssize_t nargs,
+                       PyObject *kwnames, const ga_arg_field *fields, int max_positional,
+                       int required, void *out);
 /* Parses copy=None/True/False (NULL: None) into -1/1/0. */
 int ga_copy_flag_from_object(PyObject *obj, int *out);
 

@@ -130,7 +130,8 @@ static ArrayObject *wrap_tensor(ga_state *st, PyObject *t, ga_dtype dtype, ga_de
         !(stride = PyObject_CallMethod(t, "stride", NULL)))
         goto done;
     if (!PyTuple_Check(shape) || !PyTuple_Check(stride) ||
-        PyTuple_GET_SIZE(shape) != PyTuple_GET_SIZE(stride) || PyTuple_GET_SIZE(shape) > GA_MAX_NDIM) {
+        PyTuple_GET_SIZE(shape) != PyTuple_GET_SIZE(stride) ||
+        PyTuple_GET_SIZE(shape) > GA_MAX_NDIM) {
         PyErr_SetString(PyExc_TypeError, "unexpected torch tensor geometry");
         goto done;
     }
