@@ -11,11 +11,11 @@ access on a stream not ordered after the one that wrote that memory is an
 ordering violation, which fails the child.
 """
 
-import subprocess
-import sys
 import textwrap
 
 import pytest
+
+from helpers import run_python
 
 pytestmark = pytest.mark.cuda
 pytest.importorskip("torch")
@@ -64,8 +64,7 @@ def on_device(values, stream):
 
 
 def run_child(code):
-    proc = subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(code)], capture_output=True,
-                          text=True, timeout=300)
+    proc = run_python("-c", PRELUDE + textwrap.dedent(code), timeout=300)
     assert proc.returncode == 0 and "ordering violation" not in proc.stderr, proc.stderr[-3000:]
     return proc.stdout.split()
 
