@@ -317,11 +317,10 @@ static const ga_arg_field conv2d_fields[] = {
     {NULL, 0},
 };
 
-/* y = act(conv(x, w) + bias), and the pre-activation z when asked (xv,
- * wv: x and w as the backend can describe them, tx, tw: logically). */
+/* y = act(conv(x, w) + bias), and the pre-activation z when asked (tx,
+ * tw: f->x_read and f->weight_read in logical order). */
 static int run_conv2d_forward(ga_state *st, const ga_forward *f, const conv_args *ca,
-                              ArrayObject *xv, const ga_tensor *tx, ArrayObject *wv,
-                              const ga_tensor *tw)
+                              const ga_tensor *tx, const ga_tensor *tw)
 {
     const ga_op *op = &f->op;
     conv_ctx ctx;
@@ -350,7 +349,7 @@ static int run_conv2d_forward(ga_state *st, const ga_forward *f, const conv_args
              f->z != NULL);
     tuning_key(key, sizeof key, "conv2d", ts, 3, &ca->geom, extra);
     ctx.device = op->device.index;
-    ArrayObject *touched[5] = {xv, wv, f->bias, f->y, f->z};
+    ArrayObject *touched[5] = {f->x_read, f->weight_read, f->bias, f->y, f->z};
     if (ga_op_prepare(st, op, touched, 5) < 0 ||
         run_cuda_conv(st, ctx.device, op->stream, key, cuda_fwd, &ctx) < 0)
         return -1;
@@ -369,13 +368,13 @@ PyObject *ga_py_conv2d(PyObject *module, PyObject *const *args, Py_ssize_t nargs
                         "conv2d") < 0)
         return NULL;
     ga_state *st = ga_state_from_module(module);
-    ArrayObject *xv = NULL, *wv = NULL;
     PyObject *result = NULL;
     const ga_op *op = &f.op;
     if (ga_forward_begin(st, &f, arg.x, arg.weight, arg.bias, arg.stream) < 0 ||
-        !(xv = ga_op_describable(st, op, f.x)) || !(wv = ga_op_describable(st, op, f.weight)))
+        !(f.x_read = ga_op_describable(st, op, f.x)) ||
+        !(f.weight_read = ga_op_describable(st, op, f.weight)))
         goto done;
-    ga_tensor tx = logical(xv, ca.nhwc), tw = logical(wv, ca.nhwc);
+    ga_tensor tx = logical(f.x_read, ca.nhwc), tw = logical(f.weight_read, ca.nhwc);
     if (check_conv_shapes(&tx, &tw, &ca, "conv2d") < 0)
         goto done;
     if (f.bias && (f.bias->ndim != 1 || f.bias->shape[0] != tw.shape[0])) {
@@ -393,13 +392,11 @@ PyObject *ga_py_conv2d(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     if (f.save && f.act == GA_ACT_GELU &&
         !(f.z = conv_output(st, op, arg.preactivation_out, ydims, f.x->dtype, ca.nhwc, &tx)))
         goto done;
-    if (run_conv2d_forward(st, &f, &ca, xv, &tx, wv, &tw) < 0)
+    if (run_conv2d_forward(st, &f, &ca, &tx, &tw) < 0)
         goto done;
     result = ga_forward_result(&f);
 done:
     ga_forward_end(&f);
-    Py_XDECREF(xv);
-    Py_XDECREF(wv);
     return result;
 }
 

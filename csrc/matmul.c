@@ -451,7 +451,6 @@ PyObject *ga_py_linear(PyObject *module, PyObject *const *args, Py_ssize_t nargs
         ga_forward_parse(&f, "linear", arg.save_preactivation, arg.activation) < 0)
         return NULL;
     ga_state *st = ga_state_from_module(module);
-    ArrayObject *xv = NULL, *wv = NULL;
     PyObject *result = NULL;
     const ga_op *op = &f.op;
     if (ga_forward_begin(st, &f, arg.x, arg.weight, arg.bias, arg.stream) < 0 ||
@@ -465,14 +464,13 @@ PyObject *ga_py_linear(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     if (f.save && f.act == GA_ACT_GELU &&
         !(f.z = ga_op_result(st, op, arg.preactivation_out, f.x->dtype, f.x->ndim, shape)))
         goto done;
-    if (!(xv = rows_view(st, op, f.x, &M, &x_row)) || !(wv = ga_op_describable(st, op, f.weight)) ||
-        run_linear(st, op, xv, M, x_row, wv, f.bias, f.y, f.z, f.act) < 0)
+    if (!(f.x_read = rows_view(st, op, f.x, &M, &x_row)) ||
+        !(f.weight_read = ga_op_describable(st, op, f.weight)) ||
+        run_linear(st, op, f.x_read, M, x_row, f.weight_read, f.bias, f.y, f.z, f.act) < 0)
         goto done;
     result = ga_forward_result(&f);
 done:
     ga_forward_end(&f);
-    Py_XDECREF(xv);
-    Py_XDECREF(wv);
     return result;
 }
 

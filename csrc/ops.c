@@ -385,6 +385,8 @@ PyObject *ga_forward_result(const ga_forward *f)
 void ga_forward_end(ga_forward *f)
 {
     ga_op_end(&f->op);
+    Py_CLEAR(f->x_read);
+    Py_CLEAR(f->weight_read);
     Py_CLEAR(f->y);
     Py_CLEAR(f->z);
 }

@@ -83,6 +83,7 @@ typedef struct {
     ga_activation act;
     int save; /* save_preactivation */
     ArrayObject *x, *weight, *bias;
+    ArrayObject *x_read, *weight_read; /* x and weight as the kernels read them */
     ArrayObject *y, *z; /* the output, and the pre-activation when kept (gelu) */
 } ga_forward;
 
