@@ -47,8 +47,8 @@ typedef struct {
     PyObject *current_stream; /* contextvars.ContextVar: the Stream made current by `with` */
     PyObject *default_device; /* a Device */
     PyObject *bfloat16_descr; /* ml_dtypes' bfloat16 NumPy dtype, or Py_None if unavailable; NULL before first use */
-    /* torch, looked up once the user has imported it: its Tensor type and
-     * its dtype objects by gpuaccel dtype (the fast zero-copy path) */
+    /* torch, looked up by torch.c once the user has imported it: its Tensor
+     * type, its dtype objects by gpuaccel dtype and its stream lookup */
     PyObject *torch_tensor_type;
     PyObject *torch_dtypes[GA_NUM_DTYPES];
     PyObject *torch_raw_stream; /* torch._C._cuda_getCurrentRawStream, or NULL */
