@@ -693,10 +693,7 @@ PyType_Spec ga_stream_spec = {
     .slots = Stream_slots,
 };
 
-/* gpuaccel's current stream of `device` into *out: 1 when a Stream is made
- * current (`with stream:`) for that device, 0 when none is (*out is the
- * legacy default stream), -1 on error. */
-static int current_stream(ga_state *st, int device, ga_stream *out)
+int ga_stream_made_current(ga_state *st, int device, ga_stream *out)
 {
     PyObject *value = NULL;
     if (PyContextVar_Get(st->current_stream, NULL, &value) < 0)
@@ -711,25 +708,7 @@ static int current_stream(ga_state *st, int device, ga_stream *out)
 
 int ga_current_stream(ga_state *st, int device, ga_stream *out)
 {
-    return current_stream(st, device, out) < 0 ? -1 : 0;
-}
-
-int ga_op_default_stream(ga_state *st, int device, int follow_torch, ga_stream *out)
-{
-    int set = current_stream(st, device, out);
-    if (set != 0 || !follow_torch || !st->torch_raw_stream)
-        return set < 0 ? -1 : 0;
-    /* torch is loaded (the operand is a CUDA torch tensor) */
-    PyObject *r = PyObject_CallFunction(st->torch_raw_stream, "i", device);
-    if (!r)
-        return -1;
-    void *handle = PyLong_AsVoidPtr(r);
-    Py_DECREF(r);
-    if (PyErr_Occurred())
-        return -1;
-    /* torch's 0 is the legacy default stream */
-    *out = handle ? (ga_stream)handle : GA_STREAM_LEGACY;
-    return 0;
+    return ga_stream_made_current(st, device, out) < 0 ? -1 : 0;
 }
 
 int ga_stream_from_object(ga_state *st, PyObject *obj, int device, ga_stream *out,

@@ -17,8 +17,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "array.h"
+#include "dlpack.h"
 #include "dlpack_abi.h"
+#include "transfer.h"
 
 static const char *const CAPSULE_VERSIONED = "dltensor_versioned";
 static const char *const CAPSULE_LEGACY = "dltensor";

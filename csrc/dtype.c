@@ -3,7 +3,7 @@
  */
 #include "npy.h"
 
-#include "array.h"
+#include "dtype.h"
 
 static const char *const dtype_names[GA_NUM_DTYPES] = {
     "bool", "uint8", "int8", "int16", "int32", "int64",

@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "array.h"
+#include "loader.h"
 
 #define GA_LOADER_MAX_SOURCES 16
 #define GA_LOADER_MAX_THREADS 64

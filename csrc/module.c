@@ -6,8 +6,15 @@
 #include "npy.h"
 
 #include "alloc.h"
-#include "array.h"
+#include "array_type.h"
+#include "conv.h"
+#include "create.h"
 #include "device.h"
+#include "dlpack.h"
+#include "dtype.h"
+#include "loader.h"
+#include "logger.h"
+#include "matmul.h"
 #include "module.h"
 #include "ops.h"
 

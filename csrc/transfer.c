@@ -1,14 +1,14 @@
 /*
  * transfer.c — moving values between arrays: any pair of devices, any pair
- * of dtypes, any strides.  Every copy, cast, transfer and fill of the
- * package goes through here, which picks the kernel (kernels/cpu or
+ * of dtypes, any strides.  Every copy, cast, transfer, conversion and fill
+ * of the package goes through here, which picks the kernel (kernels/cpu or
  * kernels/cuda), the stream, the staging buffers and the waits.
  */
 #include "npy.h"
 
 #include <string.h>
 
-#include "array.h"
+#include "transfer.h"
 
 /* A temporary buffer (not a Python object) described as a tensor. */
 typedef struct {
@@ -29,12 +29,8 @@ static int temp_alloc(ga_state *st, temp_buffer *buf, ga_mem_kind kind, int devi
     buf->t.data = buf->block->ptr;
     buf->t.dtype = dtype;
     buf->t.ndim = ndim;
-    int64_t stride = (int64_t)itemsize;
-    for (int d = ndim - 1; d >= 0; d--) {
-        buf->t.shape[d] = shape[d];
-        buf->t.strides[d] = stride;
-        stride *= shape[d] > 0 ? shape[d] : 1;
-    }
+    memcpy(buf->t.shape, shape, (size_t)ndim * sizeof(int64_t));
+    ga_contiguous_strides(ndim, shape, (int64_t)itemsize, buf->t.strides);
     return 0;
 }
 
@@ -83,13 +79,6 @@ static int cpu_copy(ga_state *st, const ga_tensor *dst, const ga_tensor *src)
         status = ga_cpu_copy(dst, src);
     }
     return status.error ? ga_raise(st, status) : 0;
-}
-
-int ga_array_prepare_stream(ga_state *st, ArrayObject *a, ga_stream stream)
-{
-    if (a->device.type != GA_DEVICE_CUDA)
-        return 0;
-    return ga_block_prepare_use(st, a->block, a->device.index, stream);
 }
 
 /* host -> device */
@@ -278,6 +267,29 @@ ArrayObject *ga_array_copy_to(ga_state *st, ArrayObject *src, ga_device device, 
         return NULL;
     }
     return dst;
+}
+
+ArrayObject *ga_array_convert(ga_state *st, ArrayObject *arr, int fresh, const ga_dtype *dtype,
+                              const ga_device *device, int copy, PyObject *stream_obj)
+{
+    ga_dtype want_dtype = dtype ? *dtype : arr->dtype;
+    ga_device want_device = device ? *device : arr->device;
+    int convert = want_dtype != arr->dtype || !ga_device_equal(want_device, arr->device);
+    if (convert && copy == 0) {
+        char have[32], want[32];
+        PyErr_Format(PyExc_ValueError,
+                     "asarray: copy=False, but turning %s %s into %s %s needs a copy",
+                     ga_dtype_name(arr->dtype), ga_device_str(arr->device, have, sizeof have),
+                     ga_dtype_name(want_dtype), ga_device_str(want_device, want, sizeof want));
+        Py_DECREF(arr);
+        return NULL;
+    }
+    if (convert || (copy == 1 && !fresh)) {
+        ArrayObject *copied = ga_array_copy_to(st, arr, want_device, want_dtype, 0, stream_obj);
+        Py_DECREF(arr);
+        return copied;
+    }
+    return arr;
 }
 
 int ga_scalar_from_object(PyObject *obj, ga_scalar *out, const char *argname)

@@ -293,7 +293,7 @@ def test_random_programs_over_streams_threads_and_devices():
 # ------------------------------------------- library kernels on the simulator
 # matmul, conv, the activation epilogues, the loader's normalize and the
 # logger's update run as their CPU twins over simulated device memory, so
-# the CUDA paths of csrc/ops.c, losslog.c and loader.c run end to end:
+# the CUDA paths of csrc/matmul.c, conv.c, logger.c and loader.c run end to end:
 # results are checked against the CPU device, ordering by the simulator.
 
 OPS_PRELUDE = """

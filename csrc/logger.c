@@ -1,5 +1,5 @@
 /*
- * losslog.c — the native core of gpuaccel.LossLogger (gpuaccel/logger.py
+ * logger.c — the native core of gpuaccel.LossLogger (gpuaccel/logger.py
  * subclasses it and holds callbacks, history, progress bars and the
  * distributed reduce).
  *
@@ -21,6 +21,8 @@
 #include <time.h>
 
 #include "array.h"
+#include "logger.h"
+#include "torch.h"
 
 enum { METRIC_UNUSED = 0, METRIC_HOST = 1, METRIC_CUDA = 2 };
 
@@ -61,7 +63,7 @@ typedef struct {
     int nspare, cap_spare;
     PyObject *error; /* an exception the next log() raises (non-finite values) */
     int closed;
-    PyObject *torch_tensor_type, *torch_raw_stream;
+    int follows_torch; /* CUDA torch tensors were logged: read on torch's stream */
 } LoggerObject;
 
 static size_t snapshot_bytes(LoggerObject *lg, int64_t rows)
@@ -148,56 +150,6 @@ static int Logger_init(LoggerObject *lg, PyObject *args, PyObject *kwargs)
 
 /* ------------------------------------------------------------ values */
 
-static PyObject *torch_tensor_type(LoggerObject *lg)
-{
-    if (!lg->torch_tensor_type) {
-        PyObject *modules = PyImport_GetModuleDict();
-        PyObject *mod = modules ? PyDict_GetItemString(modules, "torch") : NULL;
-        if (!mod)
-            return NULL; /* torch not imported: no tensor can be a torch tensor */
-        lg->torch_tensor_type = PyObject_GetAttrString(mod, "Tensor");
-        lg->torch_raw_stream = PyObject_GetAttrString(mod, "_C");
-        if (lg->torch_raw_stream) {
-            PyObject *fn = PyObject_GetAttrString(lg->torch_raw_stream, "_cuda_getCurrentRawStream");
-            Py_SETREF(lg->torch_raw_stream, fn);
-        }
-        PyErr_Clear();
-    }
-    return lg->torch_tensor_type;
-}
-
-static int torch_dtype(PyObject *tensor, ga_dtype *out)
-{
-    PyObject *dtype = PyObject_GetAttrString(tensor, "dtype");
-    if (!dtype)
-        return -1;
-    PyObject *text = PyObject_Str(dtype);
-    Py_DECREF(dtype);
-    if (!text)
-        return -1;
-    const char *name = PyUnicode_AsUTF8(text);
-    static const struct {
-        const char *name;
-        ga_dtype dtype;
-    } table[] = {
-        {"torch.float32", GA_FLOAT32}, {"torch.bfloat16", GA_BFLOAT16}, {"torch.float16", GA_FLOAT16},
-        {"torch.float64", GA_FLOAT64}, {"torch.int64", GA_INT64},       {"torch.int32", GA_INT32},
-        {"torch.int16", GA_INT16},     {"torch.int8", GA_INT8},         {"torch.uint8", GA_UINT8},
-        {"torch.bool", GA_BOOL},
-    };
-    int rc = -1;
-    for (size_t k = 0; name && k < sizeof table / sizeof table[0]; k++) {
-        if (strcmp(name, table[k].name) == 0) {
-            *out = table[k].dtype;
-            rc = 0;
-        }
-    }
-    Py_DECREF(text);
-    if (rc < 0 && !PyErr_Occurred())
-        PyErr_SetString(PyExc_TypeError, "unsupported tensor dtype");
-    return rc;
-}
-
 static long long call_long(PyObject *obj, const char *method)
 {
     PyObject *r = PyObject_CallMethod(obj, method, NULL);
@@ -247,8 +199,7 @@ static int classify(ga_state *st, LoggerObject *lg, PyObject *name, PyObject *va
         *device = a->device.index;
         return 0;
     }
-    PyObject *tensor_type = torch_tensor_type(lg);
-    if (tensor_type && PyObject_IsInstance(value, tensor_type) == 1) {
+    if (ga_is_torch_tensor(st, value)) {
         long long numel = call_long(value, "numel");
         if (numel != 1) {
             if (!PyErr_Occurred())
@@ -274,8 +225,9 @@ static int classify(ga_state *st, LoggerObject *lg, PyObject *name, PyObject *va
         }
         long long address = call_long(value, "data_ptr");
         long long index = address == -1 && PyErr_Occurred() ? -1 : call_long(value, "get_device");
-        if (PyErr_Occurred() || torch_dtype(value, dtype) < 0)
+        if (PyErr_Occurred() || ga_torch_dtype(st, value, dtype) < 0)
             return -1;
+        lg->follows_torch = 1;
         *is_cuda = 1;
         *ptr = (const void *)(uintptr_t)address;
         *device = (int)index;
@@ -309,23 +261,18 @@ static int metric_index(LoggerObject *lg, PyObject *name)
     return (int)n;
 }
 
-/* The stream a CUDA value was produced on: stream= of the constructor, else
- * torch's current stream of that device. */
+/* The stream a CUDA value was produced on: stream= of the constructor,
+ * else torch's current stream of that device once torch's CUDA tensors are
+ * logged, else gpuaccel's current stream. */
 static int value_stream(ga_state *st, LoggerObject *lg, int device, ga_stream *out)
 {
     if (lg->has_fixed_stream) {
         *out = lg->fixed_stream;
         return 0;
     }
-    if (lg->torch_raw_stream) {
-        PyObject *r = PyObject_CallFunction(lg->torch_raw_stream, "i", device);
-        if (r) {
-            *out = (ga_stream)PyLong_AsVoidPtr(r);
-            Py_DECREF(r);
-            return PyErr_Occurred() ? -1 : 0;
-        }
-        PyErr_Clear();
-    }
+    int from_torch = lg->follows_torch ? ga_torch_current_stream(st, device, out) : 0;
+    if (from_torch != 0)
+        return from_torch < 0 ? -1 : 0;
     return ga_current_stream(st, device, out);
 }
 
@@ -1021,8 +968,6 @@ static int Logger_clear(LoggerObject *lg)
     Py_CLEAR(lg->names);
     Py_CLEAR(lg->name_list);
     Py_CLEAR(lg->error);
-    Py_CLEAR(lg->torch_tensor_type);
-    Py_CLEAR(lg->torch_raw_stream);
     for (int k = 0; k < lg->npending; k++) {
         Py_CLEAR(lg->pending[k].host_reduce);
         Py_CLEAR(lg->pending[k].cuda_reduce);
