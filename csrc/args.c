@@ -99,9 +99,8 @@ int ga_parse_args(const char *func, PyObject *const *args, Py_ssize_t nargs, PyO
 /* More than any gpuaccel function takes. */
 #define GA_MAX_ARGS 24
 
-int ga_parse_args_into(const char *func, PyObject *const *args, Py_ssize_t nargs,
-                       PyObject *kwnames, const ga_arg_field *fields, int max_positional,
-                       int required, void *out)
+int ga_parse_args_into(const char *func, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                       const ga_arg_field *fields, int max_positional, int required, void *out)
 {
     const char *names[GA_MAX_ARGS + 1];
     PyObject *values[GA_MAX_ARGS];

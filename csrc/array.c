@@ -63,8 +63,8 @@ int ga_shape_from_object(PyObject *obj, int64_t *shape, int *ndim, const char *a
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     if (n > GA_MAX_NDIM) {
         Py_DECREF(seq);
-        PyErr_Format(PyExc_ValueError, "%s has %zd dimensions; arrays have at most %d", argname,
-                     n, GA_MAX_NDIM);
+        PyErr_Format(PyExc_ValueError, "%s has %zd dimensions; arrays have at most %d", argname, n,
+                     GA_MAX_NDIM);
         return -1;
     }
     for (Py_ssize_t k = 0; k < n; k++) {
@@ -266,9 +266,8 @@ ArrayObject *ga_array_from_block(ga_state *st, ga_block *block, ga_dtype dtype, 
     return a;
 }
 
-ArrayObject *ga_array_wrap(ga_state *st, void *data, ga_dtype dtype, int ndim,
-                           const int64_t *shape, const int64_t *strides, ga_device device,
-                           int flags, PyObject *owner)
+ArrayObject *ga_array_wrap(ga_state *st, void *data, ga_dtype dtype, int ndim, const int64_t *shape,
+                           const int64_t *strides, ga_device device, int flags, PyObject *owner)
 {
     int64_t numel;
     if (ga_check_shape(dtype, ndim, shape, &numel) < 0)

@@ -34,9 +34,9 @@ typedef struct {
      * stream bookkeeping only, released before the producer's memory.
      * Views carry the root's block, borrowed, so that work on other streams
      * can be recorded on it. */
-    ga_block *block;  /* the allocation behind the memory (borrowed in views) */
-    int owns_block;   /* 1 in the root array, which frees it */
-    void *dlpack;     /* a consumed DLPack tensor whose deleter this root calls */
+    ga_block *block; /* the allocation behind the memory (borrowed in views) */
+    int owns_block;  /* 1 in the root array, which frees it */
+    void *dlpack;    /* a consumed DLPack tensor whose deleter this root calls */
     int dlpack_versioned;
     PyObject *base;
     PyObject *weakreflist;
@@ -52,9 +52,8 @@ static inline int ga_is_array(ga_state *st, PyObject *obj)
 ArrayObject *ga_array_empty(ga_state *st, ga_dtype dtype, int ndim, const int64_t *shape,
                             ga_device device, int pinned, const ga_stream *stream);
 /* An array over memory someone else owns (`owner` is kept alive). */
-ArrayObject *ga_array_wrap(ga_state *st, void *data, ga_dtype dtype, int ndim,
-                           const int64_t *shape, const int64_t *strides, ga_device device,
-                           int flags, PyObject *owner);
+ArrayObject *ga_array_wrap(ga_state *st, void *data, ga_dtype dtype, int ndim, const int64_t *shape,
+                           const int64_t *strides, ga_device device, int flags, PyObject *owner);
 /* A C-contiguous root array over a block from ga_block_alloc_status (it
  * takes the block over: it frees it on dealloc; on failure too). */
 ArrayObject *ga_array_from_block(ga_state *st, ga_block *block, ga_dtype dtype, int ndim,

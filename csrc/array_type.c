@@ -215,8 +215,8 @@ static int index_view(ArrayObject *self, PyObject *key, char **data, int *ndim, 
             Py_ssize_t start, stop, step;
             if (PySlice_Unpack(item, &start, &stop, &step) < 0)
                 goto done;
-            Py_ssize_t len = PySlice_AdjustIndices((Py_ssize_t)self->shape[src], &start, &stop,
-                                                   step);
+            Py_ssize_t len =
+                PySlice_AdjustIndices((Py_ssize_t)self->shape[src], &start, &stop, step);
             if (len > 0)
                 offset += start * self->strides[src];
             shape[out] = len;
@@ -450,7 +450,8 @@ static PyObject *Array_reshape(ArrayObject *self, PyObject *args, PyObject *kwar
     for (int d = 0; d < ndim; d++) {
         if (shape[d] == -1) {
             if (infer >= 0) {
-                PyErr_SetString(PyExc_ValueError, "reshape: can only specify one unknown dimension");
+                PyErr_SetString(PyExc_ValueError,
+                                "reshape: can only specify one unknown dimension");
                 return NULL;
             }
             infer = d;
@@ -490,8 +491,8 @@ static PyObject *Array_reshape(ArrayObject *self, PyObject *args, PyObject *kwar
     if (reshape_strides(self, ndim, shape, strides))
         return (PyObject *)ga_array_view(st, self, self->data, ndim, shape, strides);
     /* the layout needs a copy (e.g. reshaping a transposed array) */
-    ArrayObject *copy = ga_array_copy_to(st, self, self->device, self->dtype,
-                                         self->flags & GA_ARRAY_PINNED, NULL);
+    ArrayObject *copy =
+        ga_array_copy_to(st, self, self->device, self->dtype, self->flags & GA_ARRAY_PINNED, NULL);
     if (!copy)
         return NULL;
     ga_contiguous_strides(ndim, shape, (int64_t)ga_dtype_itemsize(self->dtype), strides);
@@ -741,8 +742,8 @@ static PyObject *Array_repr(ArrayObject *self)
         PyObject *shape = int64_tuple(self->ndim, self->shape);
         if (!shape)
             return NULL;
-        PyObject *r = PyUnicode_FromFormat("gpuaccel.Array(shape=%R, dtype=%s, device='%s')",
-                                           shape, ga_dtype_name(self->dtype), dev);
+        PyObject *r = PyUnicode_FromFormat("gpuaccel.Array(shape=%R, dtype=%s, device='%s')", shape,
+                                           ga_dtype_name(self->dtype), dev);
         Py_DECREF(shape);
         return r;
     }
@@ -828,11 +829,9 @@ static PyGetSetDef Array_getset[] = {
     {"itemsize", (getter)Array_get_itemsize, NULL, "bytes per element", NULL},
     {"nbytes", (getter)Array_get_nbytes, NULL, "size * itemsize", NULL},
     {"data_ptr", (getter)Array_get_data_ptr, NULL, "address of the first element", NULL},
-    {"is_contiguous", (getter)Array_get_is_contiguous, NULL, "C-contiguous (NumPy's rule)",
-     NULL},
+    {"is_contiguous", (getter)Array_get_is_contiguous, NULL, "C-contiguous (NumPy's rule)", NULL},
     {"pinned", (getter)Array_get_pinned, NULL, "host memory that is page-locked", NULL},
-    {"readonly", (getter)Array_get_readonly, NULL, "writes through this array are refused",
-     NULL},
+    {"readonly", (getter)Array_get_readonly, NULL, "writes through this array are refused", NULL},
     {"T", (getter)Array_get_T, NULL, "view with the dimensions reversed", NULL},
     {"__cuda_array_interface__", (getter)ga_array_cuda_array_interface, NULL,
      "CUDA Array Interface v3 (CUDA arrays only)", NULL},

@@ -84,14 +84,15 @@ static int parse_conv_args(PyObject *stride, PyObject *padding, PyObject *dilati
         g = PyLong_Check(groups) && !PyBool_Check(groups) ? PyLong_AsLongLong(groups) : -1;
         if (g < 1 || g > INT_MAX) { /* more groups than any tensor has channels */
             PyErr_Clear();
-            PyErr_Format(PyExc_ValueError, "%s: groups must be an int from 1 to the number of "
-                         "input channels, got %R", op, groups);
+            PyErr_Format(PyExc_ValueError,
+                         "%s: groups must be an int from 1 to the number of "
+                         "input channels, got %R",
+                         op, groups);
             return -1;
         }
     }
     out->geom.groups = (int)g;
-    const char *l = !layout || layout == Py_None ? "NCHW"
-                                                 : ga_exact_utf8(layout);
+    const char *l = !layout || layout == Py_None ? "NCHW" : ga_exact_utf8(layout);
     if (!l || (strcmp(l, "NCHW") && strcmp(l, "NHWC"))) {
         PyErr_Format(PyExc_ValueError, "%s: layout must be 'NCHW' or 'NHWC', got %R", op, layout);
         return -1;
@@ -154,8 +155,7 @@ static int conv_output_size(const ga_tensor *x, const ga_tensor *w, const ga_con
                          "%s: the output %s would be empty: input %lld + 2*padding %d is smaller "
                          "than the dilated kernel (%lld); use a smaller kernel, dilation or more "
                          "padding",
-                         op, k ? "width" : "height", (long long)in, g->padding[k],
-                         (long long)span);
+                         op, k ? "width" : "height", (long long)in, g->padding[k], (long long)span);
             return -1;
         }
         out[k] = size;
@@ -203,10 +203,11 @@ static void tuning_key(char *key, size_t size, const char *op, const ga_tensor *
                         g->deterministic, extra);
     for (int k = 0; k < n && used > 0 && (size_t)used < size; k++) {
         const ga_tensor *t = ts[k];
-        used += snprintf(key + used, size - (size_t)used, "|%lldx%lldx%lldx%lld:%lld,%lld,%lld,%lld",
-                         (long long)t->shape[0], (long long)t->shape[1], (long long)t->shape[2],
-                         (long long)t->shape[3], (long long)t->strides[0], (long long)t->strides[1],
-                         (long long)t->strides[2], (long long)t->strides[3]);
+        used +=
+            snprintf(key + used, size - (size_t)used, "|%lldx%lldx%lldx%lld:%lld,%lld,%lld,%lld",
+                     (long long)t->shape[0], (long long)t->shape[1], (long long)t->shape[2],
+                     (long long)t->shape[3], (long long)t->strides[0], (long long)t->strides[1],
+                     (long long)t->strides[2], (long long)t->strides[3]);
     }
 }
 
@@ -296,8 +297,8 @@ static ga_status cuda_bwd_filter(void *c, void *ws, size_t n, ga_stream s, ga_co
 /* ---------------------------------------------------------------- conv2d */
 
 typedef struct {
-    PyObject *x, *weight, *bias, *stride, *padding, *dilation, *groups, *activation, *layout,
-        *out, *save_preactivation, *stream, *preactivation_out;
+    PyObject *x, *weight, *bias, *stride, *padding, *dilation, *groups, *activation, *layout, *out,
+        *save_preactivation, *stream, *preactivation_out;
 } conv2d_args;
 
 static const ga_arg_field conv2d_fields[] = {
@@ -335,7 +336,8 @@ static int run_conv2d_forward(ga_state *st, const ga_forward *f, const conv_args
         ctx.desc.preact = logical(f->z, ca->nhwc);
     if (op->device.type == GA_DEVICE_CPU) {
         ga_status status;
-        Py_BEGIN_ALLOW_THREADS status = ga_cpu_conv2d_forward(&ctx.desc);
+        Py_BEGIN_ALLOW_THREADS
+        status = ga_cpu_conv2d_forward(&ctx.desc);
         Py_END_ALLOW_THREADS
         if (status.error)
             return ga_raise(st, status);
@@ -356,8 +358,7 @@ static int run_conv2d_forward(ga_state *st, const ga_forward *f, const conv_args
     return ga_op_record(st, op, touched, 5);
 }
 
-PyObject *ga_py_conv2d(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
-                       PyObject *kwnames)
+PyObject *ga_py_conv2d(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     conv2d_args arg;
     ga_forward f;
@@ -550,8 +551,8 @@ PyObject *ga_py_conv2d_backward(PyObject *module, PyObject *const *args, Py_ssiz
     if (ga_parse_args_into(name, args, nargs, kwnames, conv2d_backward_fields, 3, 3, &arg) < 0 ||
         ga_backward_parse(&g, name, arg.out, arg.needs_input_grad, arg.needs_weight_grad,
                           arg.needs_bias_grad, arg.activation) < 0 ||
-        parse_conv_args(arg.stride, arg.padding, arg.dilation, arg.groups, arg.layout, &ca,
-                        name) < 0 ||
+        parse_conv_args(arg.stride, arg.padding, arg.dilation, arg.groups, arg.layout, &ca, name) <
+            0 ||
         conv_grad_aux(&arg, g.act, &aux) < 0)
         return NULL;
     ga_state *st = ga_state_from_module(module);

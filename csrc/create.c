@@ -195,8 +195,8 @@ static ArrayObject *from_numpy_convertible(ga_state *st, PyObject *obj, int *swa
     return result;
 }
 
-ArrayObject *ga_asarray(ga_state *st, PyObject *obj, const ga_dtype *dtype,
-                        const ga_device *device, int copy, PyObject *stream_obj)
+ArrayObject *ga_asarray(ga_state *st, PyObject *obj, const ga_dtype *dtype, const ga_device *device,
+                        int copy, PyObject *stream_obj)
 {
     ArrayObject *arr = NULL;
     int fresh = 0;   /* arr is already a private copy of obj's values */

@@ -35,7 +35,7 @@ typedef struct {
 
 typedef struct {
     PyObject_HEAD
-    ga_event handle;  /* created at the first record() */
+    ga_event handle; /* created at the first record() */
     int device;
     int timing;
     int recorded;

@@ -28,12 +28,12 @@ enum { METRIC_UNUSED = 0, METRIC_HOST = 1, METRIC_CUDA = 2 };
 
 /* A snapshot in the layout stats[max_metrics][6] | present[n] | values[n][max_metrics]. */
 typedef struct {
-    int64_t start, end; /* steps [start, end] */
-    char *host;         /* malloc'd snapshot of the host state, or NULL */
-    ga_block *pinned;   /* snapshot of the device state, or NULL */
-    ga_event event;     /* recorded after the device snapshot */
+    int64_t start, end;                  /* steps [start, end] */
+    char *host;                          /* malloc'd snapshot of the host state, or NULL */
+    ga_block *pinned;                    /* snapshot of the device state, or NULL */
+    ga_event event;                      /* recorded after the device snapshot */
     PyObject *host_reduce, *cuda_reduce; /* pending distributed reductions (Python handles) */
-    int graph;          /* a readout of steps logged by CUDA graph replays */
+    int graph;                           /* a readout of steps logged by CUDA graph replays */
 } window_record;
 
 typedef struct {
@@ -45,16 +45,16 @@ typedef struct {
     PyObject *names;      /* dict: name -> index */
     PyObject *name_list;  /* list: index -> name */
     int kind[GA_LOGGER_MAX_METRICS];
-    int reduce;           /* snapshots are all-reduced (hooks in Python) */
+    int reduce; /* snapshots are all-reduced (hooks in Python) */
     /* host state */
     char *host_state;
     /* device state */
-    int device;           /* -1 until the first CUDA value */
+    int device; /* -1 until the first CUDA value */
     ga_block *device_state;
     ga_stream fixed_stream; /* stream= given to the constructor */
     int has_fixed_stream;
-    ga_stream last_stream;  /* the stream of the previous update */
-    int64_t graph_read;     /* last device step read back after graph replays */
+    ga_stream last_stream; /* the stream of the previous update */
+    int64_t graph_read;    /* last device step read back after graph replays */
     int graph_mode;
     /* windows */
     window_record *pending;
@@ -286,7 +286,8 @@ static void copy_rows_host(LoggerObject *lg, char *dst, const char *state, int64
     uint64_t *present = (uint64_t *)(dst + stats);
     float *values = (float *)(dst + stats + (size_t)rows * 8);
     const uint64_t *sp = (const uint64_t *)(state + ga_logger_present_offset(lg->max_metrics));
-    const float *sv = (const float *)(state + ga_logger_values_offset(lg->capacity, lg->max_metrics));
+    const float *sv =
+        (const float *)(state + ga_logger_values_offset(lg->capacity, lg->max_metrics));
     for (int64_t k = 0; k < rows; k++) {
         int64_t row = (start - 1 + k) % lg->capacity;
         present[k] = sp[row];
@@ -302,7 +303,8 @@ static ga_status copy_rows_device(LoggerObject *lg, char *dst, const char *state
 {
     size_t stats = (size_t)lg->max_metrics * GA_LOGGER_STATS * sizeof(double);
     size_t row_values = (size_t)lg->max_metrics * sizeof(float);
-    GA_TRY_STATUS(ga_cuda_memcpy_async(lg->device, dst, state + ga_logger_stats_offset(), stats, s));
+    GA_TRY_STATUS(
+        ga_cuda_memcpy_async(lg->device, dst, state + ga_logger_stats_offset(), stats, s));
     const char *sp = state + ga_logger_present_offset(lg->max_metrics);
     const char *sv = state + ga_logger_values_offset(lg->capacity, lg->max_metrics);
     char *dp = dst + stats, *dv = dst + stats + (size_t)rows * 8;
@@ -312,7 +314,8 @@ static ga_status copy_rows_device(LoggerObject *lg, char *dst, const char *state
     GA_TRY_STATUS(ga_cuda_memcpy_async(lg->device, dv, sv + first * row_values,
                                        (size_t)part * row_values, s));
     if (part < rows) {
-        GA_TRY_STATUS(ga_cuda_memcpy_async(lg->device, dp + part * 8, sp, (size_t)(rows - part) * 8, s));
+        GA_TRY_STATUS(
+            ga_cuda_memcpy_async(lg->device, dp + part * 8, sp, (size_t)(rows - part) * 8, s));
         GA_TRY_STATUS(ga_cuda_memcpy_async(lg->device, dv + part * row_values, sv,
                                            (size_t)(rows - part) * row_values, s));
     }
@@ -425,10 +428,10 @@ static int close_window(ga_state *st, LoggerObject *lg)
         /* all-reduce the device stats in place, on the logging stream */
         int64_t shape[2] = {lg->max_metrics, GA_LOGGER_STATS};
         ga_device dev = {GA_DEVICE_CUDA, lg->device};
-        ArrayObject *stats = ga_array_wrap(st, (char *)lg->device_state->ptr + ga_logger_stats_offset(),
-                                           GA_FLOAT64, 2, shape, NULL, dev, 0, (PyObject *)lg);
-        r->cuda_reduce = stats ? call_hook(lg, "_reduce_device", (PyObject *)stats)
-                               : NULL;
+        ArrayObject *stats =
+            ga_array_wrap(st, (char *)lg->device_state->ptr + ga_logger_stats_offset(), GA_FLOAT64,
+                          2, shape, NULL, dev, 0, (PyObject *)lg);
+        r->cuda_reduce = stats ? call_hook(lg, "_reduce_device", (PyObject *)stats) : NULL;
         Py_XDECREF(stats);
         if (!r->cuda_reduce)
             return -1;
@@ -487,7 +490,8 @@ static PyObject *window_dict(LoggerObject *lg, window_record *r)
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(lg->name_list);
     for (Py_ssize_t m = 0; m < n; m++) {
-        const char *snap = lg->kind[m] == METRIC_CUDA ? (r->pinned ? r->pinned->ptr : NULL) : r->host;
+        const char *snap =
+            lg->kind[m] == METRIC_CUDA ? (r->pinned ? r->pinned->ptr : NULL) : r->host;
         if (!snap || lg->kind[m] == METRIC_UNUSED)
             continue;
         const double *stats = (const double *)snap + m * GA_LOGGER_STATS;
@@ -627,9 +631,8 @@ static int has_host_metrics(const LoggerObject *lg)
  * not freed or reused before it ran.  Not while capturing: an event
  * recorded in a capture cannot be waited on outside it (the graph's
  * inputs must outlive its replays anyway). */
-static int update_on_device(ga_state *st, LoggerObject *lg, const ga_logger_update *u,
-                            ga_stream s, int capturing, ArrayObject *const *arrays,
-                            int narrays)
+static int update_on_device(ga_state *st, LoggerObject *lg, const ga_logger_update *u, ga_stream s,
+                            int capturing, ArrayObject *const *arrays, int narrays)
 {
     for (int k = 0; k < narrays && !capturing; k++)
         if (ga_array_prepare_stream(st, arrays[k], s) < 0)
@@ -652,7 +655,8 @@ static PyObject *Logger_log(LoggerObject *lg, PyObject *const *args, Py_ssize_t 
     if (!st)
         return NULL;
     if (nargs) {
-        PyErr_SetString(PyExc_TypeError, "LossLogger.log takes metrics as keywords: log(loss=loss)");
+        PyErr_SetString(PyExc_TypeError,
+                        "LossLogger.log takes metrics as keywords: log(loss=loss)");
         return NULL;
     }
     if (lg->closed) {
@@ -851,7 +855,8 @@ static int read_graph_steps(ga_state *st, LoggerObject *lg)
         r->start = start;
         r->end = end;
         r->graph = 1;
-        r->pinned = ga_block_alloc(st, GA_MEM_PINNED, -1, snapshot_bytes(lg, end - start + 1), NULL);
+        r->pinned =
+            ga_block_alloc(st, GA_MEM_PINNED, -1, snapshot_bytes(lg, end - start + 1), NULL);
         if (!r->pinned)
             return -1;
         GA_CHECK(st, copy_rows_device(lg, r->pinned->ptr, lg->device_state->ptr, start,

@@ -31,7 +31,8 @@ static int run_gemm(ga_state *st, const ga_op *op, ga_matmul_desc *desc)
     ga_op_report report = {0, 0, 0, 0};
     ga_status status;
     if (op->device.type == GA_DEVICE_CPU) {
-        Py_BEGIN_ALLOW_THREADS status = ga_cpu_matmul(desc);
+        Py_BEGIN_ALLOW_THREADS
+        status = ga_cpu_matmul(desc);
         Py_END_ALLOW_THREADS
     } else {
         int device = op->device.index;
@@ -110,8 +111,9 @@ static ga_matrix rows_matrix(const ArrayObject *a, ga_dtype dtype, int64_t M, in
                              int64_t row_stride)
 {
     int64_t item = (int64_t)ga_dtype_itemsize(dtype);
-    return (ga_matrix){a->data, dtype, M, N, row_stride ? row_stride / item : N,
-                       a->strides[a->ndim - 1] / item, 0};
+    return (ga_matrix){
+        a->data, dtype, M, N, row_stride ? row_stride / item : N, a->strides[a->ndim - 1] / item,
+        0};
 }
 
 /* ---------------------------------------------------------------- matmul */
@@ -121,14 +123,10 @@ typedef struct {
 } matmul_args;
 
 static const ga_arg_field matmul_fields[] = {
-    GA_ARG(matmul_args, a),
-    GA_ARG(matmul_args, b),
-    GA_ARG(matmul_args, bias),
-    GA_ARG(matmul_args, activation),
-    GA_ARG(matmul_args, out),
-    GA_ARG(matmul_args, out_dtype),
-    GA_ARG(matmul_args, stream),
-    {NULL, 0},
+    GA_ARG(matmul_args, a),      GA_ARG(matmul_args, b),
+    GA_ARG(matmul_args, bias),   GA_ARG(matmul_args, activation),
+    GA_ARG(matmul_args, out),    GA_ARG(matmul_args, out_dtype),
+    GA_ARG(matmul_args, stream), {NULL, 0},
 };
 
 /* matmul's operands in the (batch..., M, K) x (batch..., K, N) frame,
@@ -284,14 +282,27 @@ static int run_matmul(ga_state *st, const ga_op *op, const matmul_plan *p, Array
         ga_matmul_desc desc;
         memset(&desc, 0, sizeof desc);
         desc.batch = inner;
-        desc.a = (ga_matrix){(char *)a->data + off_a, a->dtype, p->M, p->K,
-                             p->a_row_stride / item_a, p->a_col_stride / item_a,
+        desc.a = (ga_matrix){(char *)a->data + off_a,
+                             a->dtype,
+                             p->M,
+                             p->K,
+                             p->a_row_stride / item_a,
+                             p->a_col_stride / item_a,
                              nb ? p->a_batch_strides[nb - 1] / item_a : 0};
-        desc.b = (ga_matrix){(char *)b->data + off_b, b->dtype, p->K, p->N,
-                             p->b_row_stride / item_a, p->b_col_stride / item_a,
+        desc.b = (ga_matrix){(char *)b->data + off_b,
+                             b->dtype,
+                             p->K,
+                             p->N,
+                             p->b_row_stride / item_a,
+                             p->b_col_stride / item_a,
                              nb ? p->b_batch_strides[nb - 1] / item_a : 0};
-        desc.d = (ga_matrix){(char *)d->data + off_d, d->dtype, p->M, p->N, d_str[nb] / item_d,
-                             d_str[nb + 1] / item_d, nb ? d_str[nb - 1] / item_d : 0};
+        desc.d = (ga_matrix){(char *)d->data + off_d,
+                             d->dtype,
+                             p->M,
+                             p->N,
+                             d_str[nb] / item_d,
+                             d_str[nb + 1] / item_d,
+                             nb ? d_str[nb - 1] / item_d : 0};
         if (p->a_vec)
             desc.a.row_stride = p->K, desc.d.row_stride = p->N;
         if (p->b_vec)
@@ -305,8 +316,7 @@ static int run_matmul(ga_state *st, const ga_op *op, const matmul_plan *p, Array
     return ga_op_record(st, op, touched, 4);
 }
 
-PyObject *ga_py_matmul(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
-                       PyObject *kwnames)
+PyObject *ga_py_matmul(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     matmul_args arg;
     ga_activation act;
@@ -442,8 +452,7 @@ done:
     return rc;
 }
 
-PyObject *ga_py_linear(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
-                       PyObject *kwnames)
+PyObject *ga_py_linear(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
 {
     linear_args arg;
     ga_forward f;
@@ -528,8 +537,8 @@ static ArrayObject *linear_grad_input(ga_state *st, const ga_op *op, PyObject *o
     memset(&d, 0, sizeof d);
     d.batch = 1;
     d.a = *dz_m;
-    d.b = (ga_matrix){w->data, w->dtype, w->shape[0], w->shape[1], w->strides[0] / item,
-                      w->strides[1] / item, 0};
+    d.b = (ga_matrix){
+        w->data, w->dtype, w->shape[0], w->shape[1], w->strides[0] / item, w->strides[1] / item, 0};
     d.d = rows_matrix(gx, x->dtype, dz_m->rows, w->shape[1], gx_row);
     ArrayObject *touched[3] = {dz, w, gx};
     if (ga_op_prepare(st, op, touched, 3) < 0 || run_gemm(st, op, &d) < 0 ||
@@ -541,9 +550,8 @@ static ArrayObject *linear_grad_input(ga_state *st, const ga_op *op, PyObject *o
 /* grad_w = dz^T @ x, with the bias gradient (dz's column sums) into gb
  * when `sum_bias`. */
 static ArrayObject *linear_grad_weight(ga_state *st, const ga_op *op, PyObject *out,
-                                       const ArrayObject *w, const ga_matrix *dz_m,
-                                       ArrayObject *dz, ArrayObject *x, int64_t x_row,
-                                       ArrayObject *gb, int sum_bias)
+                                       const ArrayObject *w, const ga_matrix *dz_m, ArrayObject *dz,
+                                       ArrayObject *x, int64_t x_row, ArrayObject *gb, int sum_bias)
 {
     int64_t w_shape[2] = {w->shape[0], w->shape[1]}, item = (int64_t)ga_dtype_itemsize(w->dtype);
     ArrayObject *gw = ga_op_result(st, op, out, w->dtype, 2, w_shape);
@@ -553,11 +561,12 @@ static ArrayObject *linear_grad_weight(ga_state *st, const ga_op *op, PyObject *
     memset(&d, 0, sizeof d);
     d.batch = 1;
     /* A is dZ seen transposed (N x M) */
-    d.a = (ga_matrix){dz->data, dz->dtype, dz_m->cols, dz_m->rows, dz_m->col_stride,
-                      dz_m->row_stride, 0};
+    d.a = (ga_matrix){dz->data,         dz->dtype,        dz_m->cols, dz_m->rows,
+                      dz_m->col_stride, dz_m->row_stride, 0};
     d.b = rows_matrix(x, x->dtype, dz_m->rows, w->shape[1], x_row);
-    d.d = (ga_matrix){gw->data, w->dtype, w->shape[0], w->shape[1], gw->strides[0] / item,
-                      gw->strides[1] / item, 0};
+    d.d = (ga_matrix){
+        gw->data, w->dtype, w->shape[0], w->shape[1], gw->strides[0] / item, gw->strides[1] / item,
+        0};
     if (sum_bias) {
         d.a_row_sums = gb->data;
         d.a_row_sums_dtype = gb->dtype;

@@ -46,15 +46,16 @@ typedef struct {
     PyObject *CudnnError;
     PyObject *current_stream; /* contextvars.ContextVar: the Stream made current by `with` */
     PyObject *default_device; /* a Device */
-    PyObject *bfloat16_descr; /* ml_dtypes' bfloat16 NumPy dtype, or Py_None if unavailable; NULL before first use */
+    /* ml_dtypes' bfloat16 NumPy dtype, or Py_None if unavailable; NULL before first use */
+    PyObject *bfloat16_descr;
     /* torch, looked up by torch.c once the user has imported it: its Tensor
      * type, its dtype objects by gpuaccel dtype and its stream lookup */
     PyObject *torch_tensor_type;
     PyObject *torch_dtypes[GA_NUM_DTYPES];
     PyObject *torch_raw_stream; /* torch._C._cuda_getCurrentRawStream, or NULL */
     /* interned names and constants of the DLPack exchange (a hot path) */
-    PyObject *str_dlpack;            /* "__dlpack__" */
-    PyObject *str_dlpack_device;     /* "__dlpack_device__" */
+    PyObject *str_dlpack;        /* "__dlpack__" */
+    PyObject *str_dlpack_device; /* "__dlpack_device__" */
     PyObject *str_cuda_array_interface;
     PyObject *kw_max_version;        /* ("max_version",) */
     PyObject *kw_max_version_stream; /* ("max_version", "stream") */
@@ -85,26 +86,27 @@ int ga_raise(ga_state *st, ga_status status);
 const char *ga_status_text(ga_status status, char *buf, size_t size);
 
 /* Runs `expr` (a ga_status); on failure raises and jumps to `error`. */
-#define GA_CHECK(st, expr)                                                       \
-    do {                                                                        \
-        ga_status ga_status_ = (expr);                                          \
-        if (ga_status_.error) {                                                 \
-            ga_raise((st), ga_status_);                                         \
-            goto error;                                                         \
-        }                                                                       \
+#define GA_CHECK(st, expr)              \
+    do {                                \
+        ga_status ga_status_ = (expr);  \
+        if (ga_status_.error) {         \
+            ga_raise((st), ga_status_); \
+            goto error;                 \
+        }                               \
     } while (0)
 
 /* The same, releasing the GIL around the call (which must touch no Python
  * object). */
-#define GA_CHECK_NOGIL(st, expr)                                                 \
-    do {                                                                        \
-        ga_status ga_status_;                                                   \
-        Py_BEGIN_ALLOW_THREADS ga_status_ = (expr);                             \
-        Py_END_ALLOW_THREADS if (ga_status_.error)                              \
-        {                                                                       \
-            ga_raise((st), ga_status_);                                         \
-            goto error;                                                         \
-        }                                                                       \
+#define GA_CHECK_NOGIL(st, expr)        \
+    do {                                \
+        ga_status ga_status_;           \
+        Py_BEGIN_ALLOW_THREADS          \
+        ga_status_ = (expr);            \
+        Py_END_ALLOW_THREADS            \
+        if (ga_status_.error) {         \
+            ga_raise((st), ga_status_); \
+            goto error;                 \
+        }                               \
     } while (0)
 
 /* ---- args.c */
@@ -128,12 +130,14 @@ typedef struct {
     const char *name;
     size_t offset;
 } ga_arg_field;
+/* a brace initializer in a macro, which clang-format 14 splits apart */
+/* clang-format off */
 #define GA_ARG(type, field) {#field, offsetof(type, field)}
+/* clang-format on */
 /* ga_parse_args into the fields of *out that `fields` lists, in their
  * positional order and ended by {NULL, 0}. */
-int ga_parse_args_into(const char *func, PyObject *const *args, Py_ssize_t nargs,
-                       PyObject *kwnames, const ga_arg_field *fields, int max_positional,
-                       int required, void *out);
+int ga_parse_args_into(const char *func, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                       const ga_arg_field *fields, int max_positional, int required, void *out);
 /* Parses copy=None/True/False (NULL: None) into -1/1/0. */
 int ga_copy_flag_from_object(PyObject *obj, int *out);
 

@@ -91,15 +91,13 @@ void ga_op_count(ga_op_counters *c, int cuda, const ga_op_report *report)
 
 PyObject *ga_op_counters_dict(const ga_op_counters *c, uint64_t hits, uint64_t misses)
 {
-    return Py_BuildValue("{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "calls",
-                         (unsigned long long)c->calls, "cpu_calls",
-                         (unsigned long long)c->cpu_calls, "cuda_calls",
-                         (unsigned long long)c->cuda_calls, "fused", (unsigned long long)c->fused,
-                         "fallback", (unsigned long long)c->fallback, "tuned",
-                         (unsigned long long)c->tuned, "tuning_reused",
-                         (unsigned long long)c->tuning_reused, "plan_cache_hits",
-                         (unsigned long long)hits, "plan_cache_misses",
-                         (unsigned long long)misses);
+    return Py_BuildValue(
+        "{s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "calls", (unsigned long long)c->calls, "cpu_calls",
+        (unsigned long long)c->cpu_calls, "cuda_calls", (unsigned long long)c->cuda_calls, "fused",
+        (unsigned long long)c->fused, "fallback", (unsigned long long)c->fallback, "tuned",
+        (unsigned long long)c->tuned, "tuning_reused", (unsigned long long)c->tuning_reused,
+        "plan_cache_hits", (unsigned long long)hits, "plan_cache_misses",
+        (unsigned long long)misses);
 }
 
 /* ---------------------------------------------------------- workspaces */
@@ -197,9 +195,8 @@ static int check_same_device(const ga_op *op)
             char a[32], b[32];
             PyErr_Format(PyExc_ValueError,
                          "%s: all inputs must be on one device, but %s is on %s and %s is on %s",
-                         op->name, first->name,
-                         ga_device_str((*first->array)->device, a, sizeof a), o->name,
-                         ga_device_str((*o->array)->device, b, sizeof b));
+                         op->name, first->name, ga_device_str((*first->array)->device, a, sizeof a),
+                         o->name, ga_device_str((*o->array)->device, b, sizeof b));
             return -1;
         }
     }
@@ -239,8 +236,8 @@ static int check_dtypes(const ga_op *op, const ArrayObject *lead, const char *le
         list_item(dtypes, sizeof dtypes, ga_dtype_name((*o->array)->dtype), j, j == n - 1);
     }
     PyErr_Format(PyExc_TypeError,
-                 "%s: %s must share one dtype, got %s; cast them to the same dtype first",
-                 op->name, names, dtypes);
+                 "%s: %s must share one dtype, got %s; cast them to the same dtype first", op->name,
+                 names, dtypes);
     return -1;
 }
 
@@ -309,8 +306,7 @@ void ga_op_end(ga_op *op)
 
 int ga_op_activation(PyObject *obj, ga_activation *out, const char *op)
 {
-    const char *name = obj == NULL || obj == Py_None ? "none"
-                                                       : ga_exact_utf8(obj);
+    const char *name = obj == NULL || obj == Py_None ? "none" : ga_exact_utf8(obj);
     if (name && strcmp(name, "none") == 0)
         *out = GA_ACT_NONE;
     else if (name && strcmp(name, "relu") == 0)
@@ -376,7 +372,7 @@ PyObject *ga_forward_result(const ga_forward *f)
 {
     if (!f->save)
         return Py_NewRef(f->y);
-    PyObject *aux = f->act == GA_ACT_GELU ? (PyObject *)f->z
+    PyObject *aux = f->act == GA_ACT_GELU   ? (PyObject *)f->z
                     : f->act == GA_ACT_RELU ? (PyObject *)f->y
                                             : Py_None;
     return PyTuple_Pack(2, (PyObject *)f->y, aux);
@@ -391,10 +387,8 @@ void ga_forward_end(ga_forward *f)
     Py_CLEAR(f->z);
 }
 
-
 int ga_backward_parse(ga_backward *b, const char *name, PyObject *out, PyObject *needs_input_grad,
-                      PyObject *needs_weight_grad, PyObject *needs_bias_grad,
-                      PyObject *activation)
+                      PyObject *needs_weight_grad, PyObject *needs_bias_grad, PyObject *activation)
 {
     memset(b, 0, sizeof *b);
     b->op.name = name;
@@ -408,8 +402,8 @@ int ga_backward_parse(ga_backward *b, const char *name, PyObject *out, PyObject 
     return ga_op_activation(activation, &b->act, name);
 }
 
-int ga_backward_begin(ga_state *st, ga_backward *b, PyObject *grad_y, PyObject *x,
-                      PyObject *weight, PyObject *aux, PyObject *stream_obj)
+int ga_backward_begin(ga_state *st, ga_backward *b, PyObject *grad_y, PyObject *x, PyObject *weight,
+                      PyObject *aux, PyObject *stream_obj)
 {
     const ga_operand operands[] = {
         {"grad_y", grad_y, &b->grad_y, 0},
@@ -597,7 +591,8 @@ ArrayObject *ga_op_activation_grad(ga_state *st, const ga_op *op, ArrayObject *g
     d.channel_dim = channel_dim;
     ga_status status;
     if (grad->device.type == GA_DEVICE_CPU) {
-        Py_BEGIN_ALLOW_THREADS status = ga_cpu_activation_backward(&d);
+        Py_BEGIN_ALLOW_THREADS
+        status = ga_cpu_activation_backward(&d);
         Py_END_ALLOW_THREADS
     } else {
         ArrayObject *touched[4] = {grad, aux, dz, bias_grad};

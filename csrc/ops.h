@@ -58,10 +58,10 @@ typedef struct {
     const char *name; /* "matmul", ...: names the op in messages */
     ga_operand operands[GA_OP_MAX_OPERANDS];
     int noperands;
-    ga_device device;                /* where it runs: its lead operand's device */
-    ga_stream stream;                /* CUDA: the stream it runs on */
-    const ga_stream *cuda_stream;    /* &stream for a CUDA op, NULL for a CPU op */
-    PyObject *stream_obj;            /* the stream as an object for copies (None on the CPU) */
+    ga_device device;             /* where it runs: its lead operand's device */
+    ga_stream stream;             /* CUDA: the stream it runs on */
+    const ga_stream *cuda_stream; /* &stream for a CUDA op, NULL for a CPU op */
+    PyObject *stream_obj;         /* the stream as an object for copies (None on the CPU) */
 } ga_op;
 
 /* Loads an op's operands without copying (Arrays, torch tensors, anything
@@ -84,7 +84,7 @@ typedef struct {
     int save; /* save_preactivation */
     ArrayObject *x, *weight, *bias;
     ArrayObject *x_read, *weight_read; /* x and weight as the kernels read them */
-    ArrayObject *y, *z; /* the output, and the pre-activation when kept (gelu) */
+    ArrayObject *y, *z;                /* the output, and the pre-activation when kept (gelu) */
 } ga_forward;
 
 /* Reads save_preactivation (False when absent) and the activation.  On
@@ -115,11 +115,10 @@ typedef struct {
  * one), the needs_*_grad flags (True when absent) and the activation.  On
  * failure nothing is held. */
 int ga_backward_parse(ga_backward *b, const char *name, PyObject *out, PyObject *needs_input_grad,
-                      PyObject *needs_weight_grad, PyObject *needs_bias_grad,
-                      PyObject *activation);
+                      PyObject *needs_weight_grad, PyObject *needs_bias_grad, PyObject *activation);
 /* ga_op_begin with grad_y, x (the lead), weight and aux (NULL: none). */
-int ga_backward_begin(ga_state *st, ga_backward *b, PyObject *grad_y, PyObject *x,
-                      PyObject *weight, PyObject *aux, PyObject *stream_obj);
+int ga_backward_begin(ga_state *st, ga_backward *b, PyObject *grad_y, PyObject *x, PyObject *weight,
+                      PyObject *aux, PyObject *stream_obj);
 /* (grad_x, grad_weight, grad_bias), None for those not asked for. */
 PyObject *ga_backward_result(const ga_backward *b);
 /* Releases the operands, the results and the op. */

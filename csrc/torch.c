@@ -32,8 +32,8 @@ static int load_torch(ga_state *st)
     }
     /* absent from a CPU-only torch build: then no tensor is a CUDA one */
     PyObject *torch_c = PyObject_GetAttrString(torch, "_C");
-    st->torch_raw_stream = torch_c ? PyObject_GetAttrString(torch_c, "_cuda_getCurrentRawStream")
-                                   : NULL;
+    st->torch_raw_stream =
+        torch_c ? PyObject_GetAttrString(torch_c, "_cuda_getCurrentRawStream") : NULL;
     Py_XDECREF(torch_c);
     PyErr_Clear();
     st->torch_tensor_type = tensor;

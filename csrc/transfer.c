@@ -16,8 +16,8 @@ typedef struct {
     ga_tensor t;
 } temp_buffer;
 
-static int temp_alloc(ga_state *st, temp_buffer *buf, ga_mem_kind kind, int device,
-                      ga_dtype dtype, int ndim, const int64_t *shape, ga_stream stream)
+static int temp_alloc(ga_state *st, temp_buffer *buf, ga_mem_kind kind, int device, ga_dtype dtype,
+                      int ndim, const int64_t *shape, ga_stream stream)
 {
     int64_t numel = 1;
     for (int d = 0; d < ndim; d++)
@@ -73,7 +73,8 @@ static int cpu_copy(ga_state *st, const ga_tensor *dst, const ga_tensor *src)
 {
     ga_status status;
     if (tensor_nbytes(dst) >= GA_NOGIL_THRESHOLD_BYTES) {
-        Py_BEGIN_ALLOW_THREADS status = ga_cpu_copy(dst, src);
+        Py_BEGIN_ALLOW_THREADS
+        status = ga_cpu_copy(dst, src);
         Py_END_ALLOW_THREADS
     } else {
         status = ga_cpu_copy(dst, src);
@@ -91,8 +92,7 @@ static int copy_host_to_device(ga_state *st, ArrayObject *dst, ArrayObject *src,
     if (ga_array_prepare_stream(st, dst, stream) < 0)
         return -1;
     const ga_tensor *source = &s;
-    if (!((src->flags & GA_ARRAY_PINNED) && src->dtype == dst->dtype &&
-          tensor_is_contiguous(&s))) {
+    if (!((src->flags & GA_ARRAY_PINNED) && src->dtype == dst->dtype && tensor_is_contiguous(&s))) {
         /* pageable, strided or another dtype: convert on the host straight
          * into a pinned buffer, so that the copy itself can be async */
         if (temp_alloc(st, &staging, GA_MEM_PINNED, -1, dst->dtype, d.ndim, d.shape, NULL) < 0 ||
@@ -139,12 +139,12 @@ static int copy_device_to_host(ga_state *st, ArrayObject *dst, ArrayObject *src,
         source = &device_tmp.t;
     }
     int direct = src->dtype == dst->dtype && tensor_is_contiguous(&d);
-    if (!direct && temp_alloc(st, &staging, GA_MEM_PINNED, -1, src->dtype, s.ndim, s.shape,
-                              NULL) < 0)
+    if (!direct &&
+        temp_alloc(st, &staging, GA_MEM_PINNED, -1, src->dtype, s.ndim, s.shape, NULL) < 0)
         goto done;
     void *landing = direct ? d.data : staging.t.data;
-    GA_CHECK(st, ga_cuda_memcpy_async(device, landing, source->data,
-                                      (size_t)tensor_nbytes(source), stream));
+    GA_CHECK(st, ga_cuda_memcpy_async(device, landing, source->data, (size_t)tensor_nbytes(source),
+                                      stream));
     if (ga_array_record_stream(st, src, stream) < 0)
         goto done;
     GA_CHECK_NOGIL(st, ga_cuda_stream_synchronize(device, stream));
@@ -174,16 +174,16 @@ static int copy_device_to_device(ga_state *st, ArrayObject *dst, ArrayObject *sr
         return -1;
     const ga_tensor *source = &s;
     if (!tensor_is_contiguous(&s) || src->dtype != dst->dtype) {
-        if (temp_alloc(st, &src_tmp, GA_MEM_DEVICE, sdev, dst->dtype, s.ndim, s.shape,
-                       src_stream) < 0)
+        if (temp_alloc(st, &src_tmp, GA_MEM_DEVICE, sdev, dst->dtype, s.ndim, s.shape, src_stream) <
+            0)
             goto done;
         GA_CHECK(st, ga_cuda_copy(sdev, &src_tmp.t, &s, src_stream));
         source = &src_tmp.t;
     }
     const ga_tensor *target = &d;
     if (!tensor_is_contiguous(&d)) {
-        if (temp_alloc(st, &dst_tmp, GA_MEM_DEVICE, ddev, dst->dtype, d.ndim, d.shape,
-                       dst_stream) < 0)
+        if (temp_alloc(st, &dst_tmp, GA_MEM_DEVICE, ddev, dst->dtype, d.ndim, d.shape, dst_stream) <
+            0)
             goto done;
         target = &dst_tmp.t;
     }
@@ -344,7 +344,8 @@ int ga_array_fill(ga_state *st, ArrayObject *dst, PyObject *value)
             return -1;
         ga_status status;
         if (tensor_nbytes(&t) >= GA_NOGIL_THRESHOLD_BYTES) {
-            Py_BEGIN_ALLOW_THREADS status = ga_cpu_fill(&t, scalar);
+            Py_BEGIN_ALLOW_THREADS
+            status = ga_cpu_fill(&t, scalar);
             Py_END_ALLOW_THREADS
         } else {
             status = ga_cpu_fill(&t, scalar);

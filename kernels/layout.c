@@ -21,8 +21,7 @@ int64_t ga_pair_layout_make(const ga_tensor *dst, const ga_tensor *src, ga_pair_
         int64_t ss = src ? src->strides[d] : 0;
         /* merge into the previous (outer) dim when it steps over exactly
          * this dim's extent in both tensors */
-        if (n > 0 && out->dst_strides[n - 1] == ds * size &&
-            out->src_strides[n - 1] == ss * size) {
+        if (n > 0 && out->dst_strides[n - 1] == ds * size && out->src_strides[n - 1] == ss * size) {
             out->shape[n - 1] *= size;
             out->dst_strides[n - 1] = ds;
             out->src_strides[n - 1] = ss;
@@ -134,7 +133,7 @@ void ga_red_layout_make(const ga_tensor *shape_of, const ga_tensor *const t[3], 
     out->ndim = at_least_one_dim(out->shape, out->strides, n);
 }
 
-#define INVALID(entry, msg)                                                     \
+#define INVALID(entry, msg) \
     ga_status_make(GA_ERR_INVALID_VALUE, 0, NULL, (msg), (entry), __FILE__, __LINE__)
 
 ga_status ga_check_copy(const ga_tensor *dst, const ga_tensor *src, const char *entry)
@@ -187,8 +186,7 @@ ga_status ga_check_act_backward(const ga_act_backward_desc *desc, const char *en
     if (has_bg && (desc->channel_dim < 0 || desc->channel_dim >= g->ndim))
         return INVALID(entry, "activation_backward: channel_dim out of range");
     /* with neither dz nor bias_grad there is nothing to compute */
-    if ((has_dz || has_bg) && ga_numel(g) > 0 &&
-        (!g->data || (act != GA_ACT_NONE && !aux->data)))
+    if ((has_dz || has_bg) && ga_numel(g) > 0 && (!g->data || (act != GA_ACT_NONE && !aux->data)))
         return INVALID(entry, "activation_backward: grad_y or aux has no data");
     return ga_ok();
 }

@@ -46,8 +46,7 @@ static void round_f(ga_dtype dtype, int64_t n, float *v)
         for (int64_t k = 0; k < n; k++)
             v[k] = (float)ga_bf16_to_f64(ga_f64_to_bf16(v[k]));
         break;
-    default: /* float32 and float64 hold every float */
-        break;
+    default: /* float32 and float64 hold every float */ break;
     }
 }
 
@@ -66,8 +65,7 @@ static void round_d(ga_dtype dtype, int64_t n, double *v)
         for (int64_t k = 0; k < n; k++)
             v[k] = (float)v[k];
         break;
-    default:
-        break;
+    default: break;
     }
 }
 
@@ -121,8 +119,8 @@ typedef struct {
 } bias_act_job;
 
 /* Elements [i, i + n) of one innermost row (n <= SEG). */
-static void bias_act_f(const bias_act_job *job, const char *x, char *y, char *pre,
-                       const int64_t *s, int64_t chan, int64_t i, int64_t n)
+static void bias_act_f(const bias_act_job *job, const char *x, char *y, char *pre, const int64_t *s,
+                       int64_t chan, int64_t i, int64_t n)
 {
     const ga_bias_act_desc *d = job->d;
     float v[SEG], b[SEG];
@@ -144,8 +142,8 @@ static void bias_act_f(const bias_act_job *job, const char *x, char *y, char *pr
     ga_scatter_f(d->y.dtype, y, s[1], n, v);
 }
 
-static void bias_act_d(const bias_act_job *job, const char *x, char *y, char *pre,
-                       const int64_t *s, int64_t chan, int64_t i, int64_t n)
+static void bias_act_d(const bias_act_job *job, const char *x, char *y, char *pre, const int64_t *s,
+                       int64_t chan, int64_t i, int64_t n)
 {
     const ga_bias_act_desc *d = job->d;
     double v[SEG], b[SEG];
@@ -319,8 +317,8 @@ static void sum_into(const bwd_job *job, void *acc, const void *v, int64_t n)
 
 /* Chunk [r0, r1) of channels [c0, c1), the channel the fastest-varying:
  * for each r, a run of channels summed into the chunk's partial row. */
-static void chunk_channel_inner(const bwd_job *job, int64_t r0, int64_t r1, int64_t c0,
-                                int64_t c1, char *part)
+static void chunk_channel_inner(const bwd_job *job, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
+                                char *part)
 {
     const ga_red_layout *R = &job->R;
     size_t e = job->f64 ? sizeof(double) : sizeof(float);
@@ -343,8 +341,8 @@ static void chunk_channel_inner(const bwd_job *job, int64_t r0, int64_t r1, int6
 /* Chunk [r0, r1) of channels [c0, c1), the channel a slower dim: each
  * channel's elements of the chunk summed in order, an innermost run at a
  * time. */
-static void chunk_channel_outer(const bwd_job *job, int64_t r0, int64_t r1, int64_t c0,
-                                int64_t c1, char *part)
+static void chunk_channel_outer(const bwd_job *job, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
+                                char *part)
 {
     const ga_red_layout *R = &job->R;
     size_t e = job->f64 ? sizeof(double) : sizeof(float);
@@ -434,8 +432,8 @@ static ga_status run_bias_grad(bwd_job *job, const ga_tensor *const ts[3])
     if (job->R.C == 0)
         return ga_ok();
     int inner = job->R.ndim - 1;
-    job->channel_inner = job->R.R > 1 && job->R.C > 1 &&
-                         abs64(job->R.cstride[0]) < abs64(job->R.strides[0][inner]);
+    job->channel_inner =
+        job->R.R > 1 && job->R.C > 1 && abs64(job->R.cstride[0]) < abs64(job->R.strides[0][inner]);
     plan_chunks(job);
     size_t e = job->f64 ? sizeof(double) : sizeof(float);
     job->partial = calloc((size_t)(job->nchunks * job->R.C), e);

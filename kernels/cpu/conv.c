@@ -155,7 +155,6 @@ static void copy_out(char *dst, int64_t ds, const char *src, int64_t n, int64_t 
         memcpy(dst + k * ds, src + k * e, (size_t)e);
 }
 
-
 /* ---------------------------------------------------------------- shape */
 
 typedef struct {
@@ -165,7 +164,7 @@ typedef struct {
     int64_t N, C, H, W, K, R, S, P, Q;
     int64_t G, Cg, Kg, RS, CRS, CRSg;
     int64_t sh, sw, ph, pw, dh, dw;
-    int nhwc; /* the unfolded layout: col[pixel][g][r][s][c'] */
+    int nhwc;      /* the unfolded layout: col[pixel][g][r][s][c'] */
     int pointwise; /* 1x1, stride 1, no padding: x may be the GEMM operand itself */
 } conv_shape;
 
@@ -360,8 +359,8 @@ static void im2col(const conv_shape *s, const ga_tensor *x, int64_t n, int64_t p
                     for (int64_t g = 0; g < s->G; g++) {
                         char *d = dst + (g * s->CRSg + (r * s->S + sx) * s->Cg) * e;
                         if (inside)
-                            copy_in(d, xn + g * s->Cg * st[1] + h * st[2] + w * st[3], st[1],
-                                    s->Cg, e);
+                            copy_in(d, xn + g * s->Cg * st[1] + h * st[2] + w * st[3], st[1], s->Cg,
+                                    e);
                         else
                             memset(d, 0, (size_t)(s->Cg * e));
                     }
@@ -490,8 +489,8 @@ static int64_t band_rows(int64_t extent, int64_t width, int64_t row_bytes, int64
 static ga_status out_of_memory(void)
 {
     return ga_status_make(GA_ERR_HOST_OUT_OF_MEMORY, 0, NULL,
-                          "could not allocate the convolution's buffers", "ga_cpu_conv2d",
-                          __FILE__, __LINE__);
+                          "could not allocate the convolution's buffers", "ga_cpu_conv2d", __FILE__,
+                          __LINE__);
 }
 
 static char *alloc_bytes(int64_t bytes)
@@ -628,59 +627,57 @@ typedef struct {
  * pixels of output rows [pa, ...): every element sums its terms in (r, s)
  * order, in the compute type T, and is rounded once.  acc: W (channels-
  * first) or C (channels-last) values. */
-#define GA_DEFINE_COL2IM(T, SUFFIX, STORE)                                      \
-    static void col2im_##SUFFIX(const conv_shape *s, const T *dcol, int64_t M,   \
-                                int64_t pa, int64_t h0, int64_t h1, T *acc,      \
-                                const ga_tensor *dx, int64_t n)                  \
-    {                                                                           \
-        const int64_t *st = dx->strides;                                        \
-        char *dxn = (char *)dx->data + n * st[0];                               \
-        int64_t Q = s->Q;                                                       \
-        if (!s->nhwc) {                                                         \
-            for (int64_t c = 0; c < s->C; c++)                                  \
-                for (int64_t h = h0; h < h1; h++) {                             \
-                    memset(acc, 0, (size_t)s->W * sizeof *acc);                 \
-                    for (int64_t r = 0; r < s->R; r++) {                        \
-                        int64_t t = h + s->ph - r * s->dh;                      \
-                        if (t < 0 || t % s->sh || t / s->sh >= s->P)            \
-                            continue;                                           \
-                        const T *base = dcol + (c * s->R + r) * s->S * M +      \
-                                        (t / s->sh - pa) * Q;                   \
-                        for (int64_t sx = 0; sx < s->S; sx++) {                 \
-                            int64_t lo, hi, off = sx * s->dw - s->pw;           \
-                            q_range(s, sx, &lo, &hi);                           \
-                            const T *row = base + sx * M;                       \
-                            for (int64_t q = lo; q < hi; q++)                   \
-                                acc[q * s->sw + off] += row[q];                 \
-                        }                                                       \
-                    }                                                           \
-                    STORE(s->dtype, dxn + c * st[1] + h * st[2], st[3], s->W, acc); \
-                }                                                               \
-            return;                                                             \
-        }                                                                       \
-        for (int64_t h = h0; h < h1; h++)                                       \
-            for (int64_t w = 0; w < s->W; w++) {                                \
-                memset(acc, 0, (size_t)s->C * sizeof *acc);                     \
-                for (int64_t r = 0; r < s->R; r++) {                            \
-                    int64_t t = h + s->ph - r * s->dh;                          \
-                    if (t < 0 || t % s->sh || t / s->sh >= s->P)                \
-                        continue;                                               \
-                    for (int64_t sx = 0; sx < s->S; sx++) {                     \
-                        int64_t u = w + s->pw - sx * s->dw;                     \
-                        if (u < 0 || u % s->sw || u / s->sw >= Q)               \
-                            continue;                                           \
-                        const T *src = dcol + ((t / s->sh - pa) * Q + u / s->sw) * s->CRS + \
-                                       (r * s->S + sx) * s->Cg;                 \
-                        for (int64_t g = 0; g < s->G; g++) {                    \
-                            const T *sg = src + g * s->CRSg;                    \
-                            T *ag = acc + g * s->Cg;                            \
-                            for (int64_t cg = 0; cg < s->Cg; cg++)              \
-                                ag[cg] += sg[cg];                               \
-                        }                                                       \
-                    }                                                           \
-                }                                                               \
-                STORE(s->dtype, dxn + h * st[2] + w * st[3], st[1], s->C, acc); \
-            }                                                                   \
+#define GA_DEFINE_COL2IM(T, SUFFIX, STORE)                                                       \
+    static void col2im_##SUFFIX(const conv_shape *s, const T *dcol, int64_t M, int64_t pa,       \
+                                int64_t h0, int64_t h1, T *acc, const ga_tensor *dx, int64_t n)  \
+    {                                                                                            \
+        const int64_t *st = dx->strides;                                                         \
+        char *dxn = (char *)dx->data + n * st[0];                                                \
+        int64_t Q = s->Q;                                                                        \
+        if (!s->nhwc) {                                                                          \
+            for (int64_t c = 0; c < s->C; c++)                                                   \
+                for (int64_t h = h0; h < h1; h++) {                                              \
+                    memset(acc, 0, (size_t)s->W * sizeof *acc);                                  \
+                    for (int64_t r = 0; r < s->R; r++) {                                         \
+                        int64_t t = h + s->ph - r * s->dh;                                       \
+                        if (t < 0 || t % s->sh || t / s->sh >= s->P)                             \
+                            continue;                                                            \
+                        const T *base = dcol + (c * s->R + r) * s->S * M + (t / s->sh - pa) * Q; \
+                        for (int64_t sx = 0; sx < s->S; sx++) {                                  \
+                            int64_t lo, hi, off = sx * s->dw - s->pw;                            \
+                            q_range(s, sx, &lo, &hi);                                            \
+                            const T *row = base + sx * M;                                        \
+                            for (int64_t q = lo; q < hi; q++)                                    \
+                                acc[q * s->sw + off] += row[q];                                  \
+                        }                                                                        \
+                    }                                                                            \
+                    STORE(s->dtype, dxn + c * st[1] + h * st[2], st[3], s->W, acc);              \
+                }                                                                                \
+            return;                                                                              \
+        }                                                                                        \
+        for (int64_t h = h0; h < h1; h++)                                                        \
+            for (int64_t w = 0; w < s->W; w++) {                                                 \
+                memset(acc, 0, (size_t)s->C * sizeof *acc);                                      \
+                for (int64_t r = 0; r < s->R; r++) {                                             \
+                    int64_t t = h + s->ph - r * s->dh;                                           \
+                    if (t < 0 || t % s->sh || t / s->sh >= s->P)                                 \
+                        continue;                                                                \
+                    for (int64_t sx = 0; sx < s->S; sx++) {                                      \
+                        int64_t u = w + s->pw - sx * s->dw;                                      \
+                        if (u < 0 || u % s->sw || u / s->sw >= Q)                                \
+                            continue;                                                            \
+                        const T *src = dcol + ((t / s->sh - pa) * Q + u / s->sw) * s->CRS +      \
+                                       (r * s->S + sx) * s->Cg;                                  \
+                        for (int64_t g = 0; g < s->G; g++) {                                     \
+                            const T *sg = src + g * s->CRSg;                                     \
+                            T *ag = acc + g * s->Cg;                                             \
+                            for (int64_t cg = 0; cg < s->Cg; cg++)                               \
+                                ag[cg] += sg[cg];                                                \
+                        }                                                                        \
+                    }                                                                            \
+                }                                                                                \
+                STORE(s->dtype, dxn + h * st[2] + w * st[3], st[1], s->C, acc);                  \
+            }                                                                                    \
     }
 
 GA_DEFINE_COL2IM(float, f, ga_scatter_f)
@@ -741,8 +738,8 @@ static ga_status bwd_data_unit(const void *ctx, char *slot, int64_t task)
     }
     if (!op->shortcut) {
         if (s->cdtype == GA_FLOAT64)
-            col2im_d(s, (const double *)out.data, M, pa, h0, h1,
-                     (double *)(slot + op->acc_at), op->dx, n);
+            col2im_d(s, (const double *)out.data, M, pa, h0, h1, (double *)(slot + op->acc_at),
+                     op->dx, n);
         else
             col2im_f(s, (const float *)out.data, M, pa, h0, h1, (float *)(slot + op->acc_at),
                      op->dx, n);
@@ -878,8 +875,8 @@ static void store_dw(void *ctx, int64_t k0, int64_t k1)
             for (int64_t r = 0; r < s->R; r++)
                 for (int64_t sx = 0; sx < s->S; sx++) {
                     int64_t i = k * s->CRSg + crs_index(s, cg, r, sx);
-                    char *dst = (char *)op->dw->data + k * st[0] + cg * st[1] + r * st[2] +
-                                sx * st[3];
+                    char *dst =
+                        (char *)op->dw->data + k * st[0] + cg * st[1] + r * st[2] + sx * st[3];
                     if (s->cdtype == GA_FLOAT64) {
                         double v = 0.0;
                         for (int64_t j = 0; j < op->parts; j++)
@@ -938,8 +935,8 @@ ga_status ga_cpu_conv2d_backward_filter(const ga_conv_geometry *geom, const ga_t
     if (op.parts > 0) /* no images: dw = 0 */
         st = run_tasks(bwd_filter_part, &op, op.parts, mem + acc_bytes, slot_bytes, nslots);
     if (!st.error)
-        ga_parallel_for(s->K, 1 + GA_CPU_GRAIN / max64(1, s->CRSg * max64(1, op.parts)),
-                        store_dw, &op);
+        ga_parallel_for(s->K, 1 + GA_CPU_GRAIN / max64(1, s->CRSg * max64(1, op.parts)), store_dw,
+                        &op);
     free(mem);
     return st;
 }

@@ -12,17 +12,18 @@
 
 /* Inner loops, one per (source, destination) dtype pair, so that the
  * conversion's switches fold away. */
-typedef void (*ga_cast_row_fn)(char *dst, int64_t dst_stride, const char *src,
-                               int64_t src_stride, int64_t n);
+typedef void (*ga_cast_row_fn)(char *dst, int64_t dst_stride, const char *src, int64_t src_stride,
+                               int64_t n);
 
-#define GA_DEFINE_CAST(SRC, DST)                                                \
-    static void cast_##SRC##_##DST(char *dst, int64_t ds, const char *src,       \
-                                   int64_t ss, int64_t n)                        \
-    {                                                                           \
-        for (int64_t k = 0; k < n; k++)                                         \
-            ga_convert_element(DST, dst + k * ds, SRC, src + k * ss);           \
+#define GA_DEFINE_CAST(SRC, DST)                                                                  \
+    static void cast_##SRC##_##DST(char *dst, int64_t ds, const char *src, int64_t ss, int64_t n) \
+    {                                                                                             \
+        for (int64_t k = 0; k < n; k++)                                                           \
+            ga_convert_element(DST, dst + k * ds, SRC, src + k * ss);                             \
     }
 
+/* X-macro tables, laid out by hand */
+/* clang-format off */
 #define GA_CAST_ROW(X, SRC)                                                     \
     X(SRC, GA_BOOL) X(SRC, GA_UINT8) X(SRC, GA_INT8) X(SRC, GA_INT16)           \
     X(SRC, GA_INT32) X(SRC, GA_INT64) X(SRC, GA_FLOAT16) X(SRC, GA_BFLOAT16)    \
@@ -33,12 +34,12 @@ typedef void (*ga_cast_row_fn)(char *dst, int64_t dst_stride, const char *src,
     GA_CAST_ROW(X, GA_INT16) GA_CAST_ROW(X, GA_INT32) GA_CAST_ROW(X, GA_INT64)  \
     GA_CAST_ROW(X, GA_FLOAT16) GA_CAST_ROW(X, GA_BFLOAT16)                      \
     GA_CAST_ROW(X, GA_FLOAT32) GA_CAST_ROW(X, GA_FLOAT64)
+/* clang-format on */
 
 GA_CAST_ALL(GA_DEFINE_CAST)
 
 #define GA_CAST_ENTRY(SRC, DST) [SRC][DST] = cast_##SRC##_##DST,
-static const ga_cast_row_fn cast_table[GA_NUM_DTYPES][GA_NUM_DTYPES] = {
-    GA_CAST_ALL(GA_CAST_ENTRY)};
+static const ga_cast_row_fn cast_table[GA_NUM_DTYPES][GA_NUM_DTYPES] = {GA_CAST_ALL(GA_CAST_ENTRY)};
 
 /* Same-dtype rows: memcpy when both sides are dense. */
 static void copy_row_same(char *dst, int64_t ds, const char *src, int64_t ss, int64_t n,
@@ -66,10 +67,10 @@ static void fill_row(char *d, int64_t ds, int64_t n, const unsigned char *patter
 typedef struct {
     const ga_tensor *dst, *src;
     ga_pair_layout layout;
-    int64_t rows;     /* product of the outer dims */
-    int64_t row_len;  /* the innermost dim */
+    int64_t rows;    /* product of the outer dims */
+    int64_t row_len; /* the innermost dim */
     ga_cast_row_fn cast;
-    size_t itemsize;  /* copy of one dtype, and fill */
+    size_t itemsize;              /* copy of one dtype, and fill */
     const unsigned char *pattern; /* fill: the element's bytes */
 } copy_job;
 
@@ -108,8 +109,8 @@ static void whole_rows(void *ctx, int64_t begin, int64_t end)
         int64_t doff, soff;
         row_offsets(L, row, &doff, &soff);
         const char *s = job->src ? (const char *)job->src->data + soff : NULL;
-        row_op(job, (char *)job->dst->data + doff, L->dst_strides[inner], s,
-               L->src_strides[inner], job->row_len);
+        row_op(job, (char *)job->dst->data + doff, L->dst_strides[inner], s, L->src_strides[inner],
+               job->row_len);
     }
 }
 

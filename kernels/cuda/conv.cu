@@ -53,15 +53,16 @@
 #include "conv_direct.cuh"
 #include "plan_cache.h"
 
-namespace {
+namespace
+{
 
 /* ============================================================== limits */
 
-constexpr int kMaxCandidates = 6;             /* plans timed per graph */
-constexpr int kMaxFinalizeAttempts = 16;      /* finalizations tried per heuristic mode */
+constexpr int kMaxCandidates = 6;        /* plans timed per graph */
+constexpr int kMaxFinalizeAttempts = 16; /* finalizations tried per heuristic mode */
 constexpr int64_t kMaxHeuristicResults = 64;
-constexpr int kTimedIterations = 3;           /* after one warm-up run */
-constexpr int kMaxNotes = 64;                 /* more than cuDNN defines, for newer versions */
+constexpr int kTimedIterations = 3; /* after one warm-up run */
+constexpr int kMaxNotes = 64;       /* more than cuDNN defines, for newer versions */
 
 /* Tensor unique ids inside a graph.  x, w, y are the convolution's roles:
  * forward reads x, w and writes y; backward data reads y (dy), w and writes
@@ -79,7 +80,10 @@ enum Route { ROUTE_GRAPH = 0, ROUTE_UNFUSED = 1, ROUTE_DIRECT = 2 };
  * rather than destroyed through a library that is shutting down. */
 std::atomic<bool> g_exiting{false};
 
-void mark_exiting() { g_exiting.store(true); }
+void mark_exiting()
+{
+    g_exiting.store(true);
+}
 
 /* Registered after the plan cache and cuDNN exist, so that it runs before
  * either is torn down (exit handlers and static destructors run in reverse
@@ -91,12 +95,19 @@ void register_exit_hook()
 }
 
 /* One backend descriptor, destroyed with its owner on every path. */
-class Desc {
+class Desc
+{
   public:
     Desc() = default;
     explicit Desc(cudnnBackendDescriptor_t d) : d_(d) {}
-    ~Desc() { reset(); }
-    Desc(Desc &&other) noexcept : d_(other.d_) { other.d_ = nullptr; }
+    ~Desc()
+    {
+        reset();
+    }
+    Desc(Desc &&other) noexcept : d_(other.d_)
+    {
+        other.d_ = nullptr;
+    }
     Desc &operator=(Desc &&other) noexcept
     {
         if (this != &other) {
@@ -109,7 +120,10 @@ class Desc {
     Desc(const Desc &) = delete;
     Desc &operator=(const Desc &) = delete;
 
-    cudnnBackendDescriptor_t get() const { return d_; }
+    cudnnBackendDescriptor_t get() const
+    {
+        return d_;
+    }
     void reset()
     {
         if (d_ && !g_exiting.load())
@@ -138,7 +152,10 @@ ga_status unsupported(const char *why, const char *where, const char *file, int 
 }
 #define CONV_UNSUPPORTED(why) unsupported((why), __func__, __FILE__, __LINE__)
 
-bool is_unsupported(const ga_status &st) { return st.error == GA_ERR_NOT_SUPPORTED; }
+bool is_unsupported(const ga_status &st)
+{
+    return st.error == GA_ERR_NOT_SUPPORTED;
+}
 
 /* Statuses that mean "this graph / configuration does not run here": the
  * parameter and not-supported families, a missing engine sub-library and a
@@ -166,11 +183,11 @@ ga_status finalize_status(cudnnStatus_t s, const char *call, const char *file, i
 /* Setting an attribute only fails on a wrong name, type or count — a bug
  * here, reported as such; finalizing checks the content and may say "not
  * supported", which selects the next route. */
-#define GA_SET(desc, name, type, count, values)                                  \
+#define GA_SET(desc, name, type, count, values) \
     GA_CUDNN_TRY(cudnnBackendSetAttribute((desc), (name), (type), (count), (values)))
-#define GA_FINALIZE(desc)                                                        \
-    GA_TRY_STATUS(finalize_status(cudnnBackendFinalize(desc),                   \
-                                  "cudnnBackendFinalize(" #desc ")", __FILE__, __LINE__))
+#define GA_FINALIZE(desc)                                                                        \
+    GA_TRY_STATUS(finalize_status(cudnnBackendFinalize(desc), "cudnnBackendFinalize(" #desc ")", \
+                                  __FILE__, __LINE__))
 
 /* ================================================================ handles */
 
@@ -261,10 +278,10 @@ struct Problem {
     ga_activation act = GA_ACT_NONE;
     bool has_preact = false;
     View preact;
-    bool nhwc = false;      /* the layout the graph describes (finish_problem) */
+    bool nhwc = false; /* the layout the graph describes (finish_problem) */
     void *ws = nullptr;
-    size_t ws_size = 0;     /* usable workspace bytes (0 without a workspace) */
-    bool eligible = true;   /* every tensor is describable to cuDNN */
+    size_t ws_size = 0;   /* usable workspace bytes (0 without a workspace) */
+    bool eligible = true; /* every tensor is describable to cuDNN */
     const ga_tensor *ty = nullptr, *tpreact = nullptr; /* for the epilogue and copies */
 };
 
@@ -486,8 +503,7 @@ ga_status add_real_tensor(Graph &g, int64_t uid, const Problem &p, const View &v
 }
 
 /* An intermediate the engine keeps in registers: y's shape, compute type. */
-ga_status add_virtual_tensor(Graph &g, int64_t uid, const Problem &p,
-                             cudnnBackendDescriptor_t *out)
+ga_status add_virtual_tensor(Graph &g, int64_t uid, const Problem &p, cudnnBackendDescriptor_t *out)
 {
     int64_t strides[4];
     packed_strides(p, strides);
@@ -553,12 +569,9 @@ ga_status add_conv(Graph &g, const Problem &p, cudnnBackendDescriptor_t x,
         GA_SET(op.get(), CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, D, 1, &x);
         GA_SET(op.get(), CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW, D, 1, &w);
         GA_SET(op.get(), CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY, D, 1, &y);
-        GA_SET(op.get(), CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC, D, 1,
-               &conv_raw);
-        GA_SET(op.get(), CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, scalar_type, 1,
-               alpha);
-        GA_SET(op.get(), CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA, scalar_type, 1,
-               beta);
+        GA_SET(op.get(), CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC, D, 1, &conv_raw);
+        GA_SET(op.get(), CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, scalar_type, 1, alpha);
+        GA_SET(op.get(), CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA, scalar_type, 1, beta);
         break;
     }
     GA_FINALIZE(op.get());
@@ -645,9 +658,8 @@ ga_status build_graph(cudnnHandle_t handle, const Problem &p, GraphKind kind,
             ops.push_back(op);
         }
         if (act) {
-            cudnnPointwiseMode_t mode = p.act == GA_ACT_RELU
-                                            ? CUDNN_POINTWISE_RELU_FWD
-                                            : CUDNN_POINTWISE_GELU_APPROX_TANH_FWD;
+            cudnnPointwiseMode_t mode = p.act == GA_ACT_RELU ? CUDNN_POINTWISE_RELU_FWD
+                                                             : CUDNN_POINTWISE_GELU_APPROX_TANH_FWD;
             GA_TRY_STATUS(add_pointwise(*g, p, mode, z, nullptr, y, &op));
             ops.push_back(op);
         }
@@ -733,9 +745,8 @@ ga_status finalize_plan(cudnnHandle_t handle, cudnnBackendDescriptor_t cfg, size
 
 /* The heuristic's configs for `mode`, in its order, filtered by the notes
  * and the workspace, that finalize into plans: at most kMaxCandidates. */
-ga_status heuristic_plans(cudnnHandle_t handle, const std::shared_ptr<Graph> &g,
-                          const Problem &p, cudnnBackendHeurMode_t mode,
-                          std::vector<std::shared_ptr<ExecPlan>> *out)
+ga_status heuristic_plans(cudnnHandle_t handle, const std::shared_ptr<Graph> &g, const Problem &p,
+                          cudnnBackendHeurMode_t mode, std::vector<std::shared_ptr<ExecPlan>> *out)
 {
     Desc heur;
     GA_TRY_STATUS(make_desc(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, &heur));
@@ -763,8 +774,7 @@ ga_status heuristic_plans(cudnnHandle_t handle, const std::shared_ptr<Graph> &g,
     }
     int64_t got = 0;
     GA_CUDNN_TRY(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                          CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got,
-                                          raw.data()));
+                                          CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got, raw.data()));
     got = std::min(got, count);
     int attempts = 0;
     for (int64_t i = 0; i < got; i++) {
@@ -776,8 +786,7 @@ ga_status heuristic_plans(cudnnHandle_t handle, const std::shared_ptr<Graph> &g,
         cudnnBackendDescriptor_t engine_raw = engine.get();
         int64_t n = 0;
         GA_CUDNN_TRY(cudnnBackendGetAttribute(cfg.get(), CUDNN_ATTR_ENGINECFG_ENGINE,
-                                              CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n,
-                                              &engine_raw));
+                                              CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &engine_raw));
         bool allowed = false;
         GA_TRY_STATUS(engine_allowed(engine.get(), p, &allowed));
         if (!allowed)
@@ -808,9 +817,8 @@ ga_status heuristic_plans(cudnnHandle_t handle, const std::shared_ptr<Graph> &g,
  * when it no longer applies (another cuDNN, GPU or request), so the caller
  * tunes instead.  Every failure here is "does not apply": the choice came
  * from a file. */
-ga_status plan_from_choice(cudnnHandle_t handle, const std::shared_ptr<Graph> &g,
-                           const Problem &p, const EngineChoice &c,
-                           std::shared_ptr<ExecPlan> *out)
+ga_status plan_from_choice(cudnnHandle_t handle, const std::shared_ptr<Graph> &g, const Problem &p,
+                           const EngineChoice &c, std::shared_ptr<ExecPlan> *out)
 {
     out->reset();
     cudnnBackendDescriptor_t og = g->op_graph.get();
@@ -918,7 +926,8 @@ ga_status execute_plan(cudnnHandle_t handle, const ExecPlan &ep, const Problem &
     return ga_ok();
 }
 
-class Event {
+class Event
+{
   public:
     Event() = default;
     ~Event()
@@ -933,7 +942,10 @@ class Event {
         GA_CUDA_TRY(cudaEventCreate(&e_));
         return ga_ok();
     }
-    cudaEvent_t get() const { return e_; }
+    cudaEvent_t get() const
+    {
+        return e_;
+    }
 
   private:
     cudaEvent_t e_ = nullptr;
@@ -1175,8 +1187,8 @@ ga_status tune(cudnnHandle_t handle, cudaStream_t s, const Problem &p, const cha
     EngineChoice pref;
     /* "direct" is not honoured as a preference: a newer cuDNN may have an
      * engine now, and finding out costs little */
-    bool has_pref = preferred && parse_choice(preferred, &pref_route, &pref) &&
-                    pref_route != ROUTE_DIRECT;
+    bool has_pref =
+        preferred && parse_choice(preferred, &pref_route, &pref) && pref_route != ROUTE_DIRECT;
     auto e = std::make_shared<Entry>();
     bool fused = has_epilogue(p);
     *tuned = false;
@@ -1196,9 +1208,9 @@ ga_status tune(cudnnHandle_t handle, cudaStream_t s, const Problem &p, const cha
     if (!fused || e->route == ROUTE_DIRECT) {
         Route target = fused ? ROUTE_UNFUSED : ROUTE_GRAPH;
         bool t = false;
-        ga_status st = tune_graph(handle, s, p, GRAPH_CONV,
-                                  has_pref && pref_route == target ? &pref : nullptr, plan,
-                                  &e->choice, &t);
+        ga_status st =
+            tune_graph(handle, s, p, GRAPH_CONV, has_pref && pref_route == target ? &pref : nullptr,
+                       plan, &e->choice, &t);
         *tuned = *tuned || t;
         if (!st.error)
             e->route = target;
@@ -1323,8 +1335,8 @@ ga_status run(int device, Problem &p, ga_stream stream, ga_conv_tuning *tuning)
             report.cache_hit = 1;
         } else {
             bool tuned = false;
-            GA_TRY_STATUS(tune(handle, s, p, tuning ? tuning->preferred : nullptr, &entry, &plan,
-                               &tuned));
+            GA_TRY_STATUS(
+                tune(handle, s, p, tuning ? tuning->preferred : nullptr, &entry, &plan, &tuned));
             report.tuned = tuned;
             cache.insert(key, entry);
         }
@@ -1349,9 +1361,7 @@ ga_status run(int device, Problem &p, ga_stream stream, ga_conv_tuning *tuning)
         GA_TRY_STATUS(st);
         break;
     }
-    case ROUTE_DIRECT:
-        GA_TRY_STATUS(run_direct(p, s));
-        break;
+    case ROUTE_DIRECT: GA_TRY_STATUS(run_direct(p, s)); break;
     }
     report.fused = route == ROUTE_GRAPH && has_epilogue(p);
     report.fallback = route != ROUTE_GRAPH;
@@ -1388,10 +1398,10 @@ ga_status check_shapes(const ga_conv_geometry *g, const ga_tensor *x, const ga_t
         w->shape[1] * groups != x->shape[1])
         return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: channels do not match the groups");
     if (y->shape[0] != x->shape[0] || y->shape[1] != w->shape[0] ||
-        y->shape[2] != out_size(x->shape[2], g->padding[0], g->dilation[0], w->shape[2],
-                                g->stride[0]) ||
-        y->shape[3] != out_size(x->shape[3], g->padding[1], g->dilation[1], w->shape[3],
-                                g->stride[1]))
+        y->shape[2] !=
+            out_size(x->shape[2], g->padding[0], g->dilation[0], w->shape[2], g->stride[0]) ||
+        y->shape[3] !=
+            out_size(x->shape[3], g->padding[1], g->dilation[1], w->shape[3], g->stride[1]))
         return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: output shape does not match the input");
     if ((ga_numel(x) && !x->data) || (ga_numel(w) && !w->data) || (ga_numel(y) && !y->data))
         return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: NULL data for a non-empty tensor");
@@ -1463,8 +1473,8 @@ template <typename F> ga_status guarded(F &&body)
  * tensor it writes is empty, else its problem set up and run. */
 ga_status run_op(int device, GaConvOp op, const ga_conv_geometry *g, const ga_tensor *x,
                  const ga_tensor *w, const ga_tensor *y, const void *bias, ga_activation act,
-                 const ga_tensor *preact, void *workspace, size_t workspace_size,
-                 ga_stream stream, ga_conv_tuning *tuning)
+                 const ga_tensor *preact, void *workspace, size_t workspace_size, ga_stream stream,
+                 ga_conv_tuning *tuning)
 {
     const ga_tensor *out = op == GA_CONV_FWD ? y : op == GA_CONV_BWD_DATA ? x : w;
     if (ga_numel(out) == 0)
@@ -1482,8 +1492,8 @@ ga_status run_op(int device, GaConvOp op, const ga_conv_geometry *g, const ga_te
 /* ======================================================== entry points */
 
 extern "C" ga_status ga_cuda_conv2d_forward(int device, const ga_conv_desc *desc, void *workspace,
-                                           size_t workspace_size, ga_stream stream,
-                                           ga_conv_tuning *tuning)
+                                            size_t workspace_size, ga_stream stream,
+                                            ga_conv_tuning *tuning)
 {
     GA_NVTX_RANGE("conv2d_fwd");
     reset_tuning(tuning);
@@ -1505,10 +1515,10 @@ extern "C" ga_status ga_cuda_conv2d_forward(int device, const ga_conv_desc *desc
 }
 
 extern "C" ga_status ga_cuda_conv2d_backward_data(int device, const ga_conv_geometry *geom,
-                                                 const ga_tensor *dy, const ga_tensor *w,
-                                                 const ga_tensor *dx, void *workspace,
-                                                 size_t workspace_size, ga_stream stream,
-                                                 ga_conv_tuning *tuning)
+                                                  const ga_tensor *dy, const ga_tensor *w,
+                                                  const ga_tensor *dx, void *workspace,
+                                                  size_t workspace_size, ga_stream stream,
+                                                  ga_conv_tuning *tuning)
 {
     GA_NVTX_RANGE("conv2d_bwd_data");
     reset_tuning(tuning);
@@ -1518,10 +1528,10 @@ extern "C" ga_status ga_cuda_conv2d_backward_data(int device, const ga_conv_geom
 }
 
 extern "C" ga_status ga_cuda_conv2d_backward_filter(int device, const ga_conv_geometry *geom,
-                                                   const ga_tensor *x, const ga_tensor *dy,
-                                                   const ga_tensor *dw, void *workspace,
-                                                   size_t workspace_size, ga_stream stream,
-                                                   ga_conv_tuning *tuning)
+                                                    const ga_tensor *x, const ga_tensor *dy,
+                                                    const ga_tensor *dw, void *workspace,
+                                                    size_t workspace_size, ga_stream stream,
+                                                    ga_conv_tuning *tuning)
 {
     GA_NVTX_RANGE("conv2d_bwd_filter");
     reset_tuning(tuning);

@@ -19,7 +19,8 @@
 #include "common.cuh"
 #include "conv_direct.cuh"
 
-namespace {
+namespace
+{
 
 constexpr int kThreads = 256; /* a power of two */
 constexpr int64_t kMaxBlocks = 65535LL * 8;
@@ -28,7 +29,10 @@ constexpr int64_t kMaxBlocks = 65535LL * 8;
 template <typename T> struct Elem;
 template <> struct Elem<__half> {
     using Acc = float;
-    static __host__ __device__ __forceinline__ float widen(__half v) { return __half2float(v); }
+    static __host__ __device__ __forceinline__ float widen(__half v)
+    {
+        return __half2float(v);
+    }
     static __host__ __device__ __forceinline__ __half narrow(float a)
     {
         return __float2half_rn(a);
@@ -47,13 +51,25 @@ template <> struct Elem<__nv_bfloat16> {
 };
 template <> struct Elem<float> {
     using Acc = float;
-    static __host__ __device__ __forceinline__ float widen(float v) { return v; }
-    static __host__ __device__ __forceinline__ float narrow(float a) { return a; }
+    static __host__ __device__ __forceinline__ float widen(float v)
+    {
+        return v;
+    }
+    static __host__ __device__ __forceinline__ float narrow(float a)
+    {
+        return a;
+    }
 };
 template <> struct Elem<double> {
     using Acc = double;
-    static __host__ __device__ __forceinline__ double widen(double v) { return v; }
-    static __host__ __device__ __forceinline__ double narrow(double a) { return a; }
+    static __host__ __device__ __forceinline__ double widen(double v)
+    {
+        return v;
+    }
+    static __host__ __device__ __forceinline__ double narrow(double a)
+    {
+        return a;
+    }
 };
 
 /* Element loads/stores: one access when every address is element-aligned,
@@ -123,8 +139,7 @@ __host__ __device__ __forceinline__ void fwd_element(const GaConvDirectArgs &a, 
         acc += load<T, A>(a.bias + k * (int64_t)sizeof(T));
     if (a.preact)
         store<T, A>(a.preact + n * a.ps[0] + k * a.ps[1] + p * a.ps[2] + q * a.ps[3], acc);
-    store<T, A>(a.y + n * a.ys[0] + k * a.ys[1] + p * a.ys[2] + q * a.ys[3],
-                activate(a.act, acc));
+    store<T, A>(a.y + n * a.ys[0] + k * a.ys[1] + p * a.ys[2] + q * a.ys[3], activate(a.act, acc));
 }
 
 /* dx[n, c, h, w] = sum over k in c's group, r, s with h = p*stride - pad +

@@ -19,9 +19,9 @@ enum GaConvOp { GA_CONV_FWD = 0, GA_CONV_BWD_DATA = 1, GA_CONV_BWD_FILTER = 2 };
 /* One problem: x (N, C, H, W), w (K, Cg, R, S), y (N, K, P, Q) in logical
  * NCHW order, any byte strides. */
 struct GaConvDirectArgs {
-    char *x, *w, *y;          /* conv roles; which ones are written depends on the op */
-    const char *bias;         /* forward: K contiguous values, or null */
-    char *preact;             /* forward: written when set */
+    char *x, *w, *y;  /* conv roles; which ones are written depends on the op */
+    const char *bias; /* forward: K contiguous values, or null */
+    char *preact;     /* forward: written when set */
     int64_t N, C, H, W, K, R, S, P, Q, Cg, Kg;
     int64_t xs[4], ws[4], ys[4], ps[4]; /* byte strides */
     int64_t stride_h, stride_w, pad_h, pad_w, dil_h, dil_w;

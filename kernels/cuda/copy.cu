@@ -11,7 +11,8 @@
 #include "../internal.h"
 #include "common.cuh"
 
-namespace {
+namespace
+{
 
 constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = 65535LL * 8;
@@ -46,8 +47,8 @@ __device__ __forceinline__ void store_bytes(char *p, uint64_t bits, size_t items
     }
 }
 
-__device__ __forceinline__ void element_offsets(const ga_pair_layout &L, int64_t idx,
-                                                int64_t *doff, int64_t *soff)
+__device__ __forceinline__ void element_offsets(const ga_pair_layout &L, int64_t idx, int64_t *doff,
+                                                int64_t *soff)
 {
     if (L.ndim == 1) {
         *doff = idx * L.dst_strides[0];
@@ -145,9 +146,8 @@ extern "C" ga_status ga_cuda_copy(int device, const ga_tensor *dst, const ga_ten
     }
     bool aligned = is_aligned(dst->data, L.dst_strides, L.ndim, dsize) &&
                    is_aligned(src->data, L.src_strides, L.ndim, ga_dtype_itemsize(src->dtype));
-    copy_kernel<<<grid_for(numel), kThreads, 0, s>>>((char *)dst->data, dst->dtype,
-                                                     (const char *)src->data, src->dtype, numel, L,
-                                                     aligned);
+    copy_kernel<<<grid_for(numel), kThreads, 0, s>>>(
+        (char *)dst->data, dst->dtype, (const char *)src->data, src->dtype, numel, L, aligned);
     GA_CUDA_LAUNCH_CHECK("copy_kernel");
     return ga_ok();
 }
@@ -176,8 +176,8 @@ extern "C" ga_status ga_cuda_fill(int device, const ga_tensor *dst, ga_scalar va
         return ga_ok();
     }
     bool aligned = is_aligned(dst->data, L.dst_strides, L.ndim, itemsize);
-    fill_kernel<<<grid_for(numel), kThreads, 0, s>>>((char *)dst->data, itemsize, pattern, numel,
-                                                     L, aligned);
+    fill_kernel<<<grid_for(numel), kThreads, 0, s>>>((char *)dst->data, itemsize, pattern, numel, L,
+                                                     aligned);
     GA_CUDA_LAUNCH_CHECK("fill_kernel");
     return ga_ok();
 }

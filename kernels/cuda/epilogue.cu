@@ -26,12 +26,13 @@
 #include "common.cuh"
 #include "elem.cuh"
 
-namespace {
+namespace
+{
 
-constexpr int kThreads = 256;          /* elementwise kernels */
-constexpr int kRedThreads = 512;       /* reduction blocks */
+constexpr int kThreads = 256;    /* elementwise kernels */
+constexpr int kRedThreads = 512; /* reduction blocks */
 
-constexpr int64_t kSmallReduce = 64;   /* at most this many elements: a thread per channel */
+constexpr int64_t kSmallReduce = 64; /* at most this many elements: a thread per channel */
 constexpr int64_t kMinTileBlocks = 128;
 constexpr int64_t kMaxBlocks = 65535LL * 32;
 
@@ -170,8 +171,8 @@ __global__ void act_backward_kernel(ga_ew_layout L, int64_t numel, BwdArgs a)
         int64_t off[3], c;
         ew_offsets(L, idx, off, &c);
         Acc g = (Acc)load_f(a.grad_dtype, a.grad + off[0], a.grad_aligned);
-        Acc x = a.act == GA_ACT_NONE ? (Acc)0
-                                     : (Acc)load_f(a.aux_dtype, a.aux + off[1], a.aux_aligned);
+        Acc x =
+            a.act == GA_ACT_NONE ? (Acc)0 : (Acc)load_f(a.aux_dtype, a.aux + off[1], a.aux_aligned);
         dz_value<Acc>(a, g, x, a.dz + off[2]);
     }
 }
@@ -299,13 +300,16 @@ bool red_aligned(const void *p, size_t itemsize, const ga_red_layout &L, int k)
     return true;
 }
 
-int64_t abs64(int64_t v) { return v < 0 ? -v : v; }
+int64_t abs64(int64_t v)
+{
+    return v < 0 ? -v : v;
+}
 
 /* The reduction's shape: a thread per channel when channels are short, W
  * channels per block when the channel is the fastest-varying dim of grad_y,
  * else a block per channel.  A function of shapes and strides only. */
-template <typename Acc> ga_status launch_bias_grad(const ga_red_layout &L, const BwdArgs &a,
-                                                   cudaStream_t s)
+template <typename Acc>
+ga_status launch_bias_grad(const ga_red_layout &L, const BwdArgs &a, cudaStream_t s)
 {
     if (L.R <= kSmallReduce) {
         bgrad_thread_kernel<Acc><<<grid_for(L.C, kThreads), kThreads, 0, s>>>(L, a);

@@ -44,7 +44,8 @@
 #include "elem.cuh"
 #include "plan_cache.h"
 
-namespace {
+namespace
+{
 
 constexpr int kMaxDevices = 64;
 constexpr int kTile = 16;
@@ -117,12 +118,11 @@ template <typename Acc> __global__ void gemm_generic_kernel(GenericArgs g)
 ga_status run_generic(const ga_matmul_desc *desc, cudaStream_t s)
 {
     const ga_matrix &A = desc->a, &B = desc->b, &D = desc->d;
-    GenericArgs g = {desc->batch,  D.rows,         D.cols,         A.cols,
-                     (const char *)A.data, (const char *)B.data, (char *)D.data,
-                     A.dtype,      B.dtype,        D.dtype,
-                     A.row_stride, A.col_stride,   A.batch_stride, B.row_stride,
-                     B.col_stride, B.batch_stride, D.row_stride,   D.col_stride,
-                     D.batch_stride};
+    GenericArgs g = {
+        desc->batch,          D.rows,         D.cols,         A.cols,        (const char *)A.data,
+        (const char *)B.data, (char *)D.data, A.dtype,        B.dtype,       D.dtype,
+        A.row_stride,         A.col_stride,   A.batch_stride, B.row_stride,  B.col_stride,
+        B.batch_stride,       D.row_stride,   D.col_stride,   D.batch_stride};
     int64_t col_tiles = (g.N + kTile - 1) / kTile, row_tiles = (g.M + kTile - 1) / kTile;
     if (col_tiles > INT32_MAX)
         return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: too many columns for the generic kernel");
@@ -410,8 +410,8 @@ ga_status make_matmul_desc(const LtCall &c, cublasLtMatmulDesc_t *out)
         GA_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                      &c.bias_ptr, sizeof c.bias_ptr));
         int32_t bt = (int32_t)c.bias_type;
-        GA_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt,
-                                                     sizeof bt));
+        GA_CUBLAS_TRY(
+            cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
     }
     if (epilogue_has_aux(c.epilogue)) {
         GA_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
@@ -419,9 +419,9 @@ ga_status make_matmul_desc(const LtCall &c, cublasLtMatmulDesc_t *out)
         GA_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
                                                      &c.ld_aux, sizeof c.ld_aux));
         if (c.batch > 1)
-            GA_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(
-                d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE, &c.aux_batch_stride,
-                sizeof c.aux_batch_stride));
+            GA_CUBLAS_TRY(
+                cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE,
+                                               &c.aux_batch_stride, sizeof c.aux_batch_stride));
     }
     return ga_ok();
 }
@@ -496,8 +496,7 @@ ga_status build_plan(cublasLtHandle_t handle, const LtCall &c, const ga_matmul_d
     return ga_ok();
 }
 
-std::string plan_key(int device, const LtCall &c, const ga_matmul_desc *desc,
-                     size_t workspace_size)
+std::string plan_key(int device, const LtCall &c, const ga_matmul_desc *desc, size_t workspace_size)
 {
     std::string key;
     key.reserve(200);
@@ -640,7 +639,8 @@ ga_status validate(const ga_matmul_desc *d)
         return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: a matrix has no data");
     if (d->bias && !(d->bias_dtype == A.dtype || d->bias_dtype == D.dtype))
         return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: bias must have A's or D's dtype");
-    if (d->preact.data && (d->preact.rows != M || d->preact.cols != N || d->preact.dtype != D.dtype))
+    if (d->preact.data &&
+        (d->preact.rows != M || d->preact.cols != N || d->preact.dtype != D.dtype))
         return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: preact must be M x N of D's dtype");
     if (!ga_activation_is_valid(d->activation) || !ga_activation_is_valid(d->dact))
         return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: unknown activation");
@@ -694,8 +694,7 @@ extern "C" size_t ga_cuda_matmul_workspace_size(int device)
 }
 
 extern "C" ga_status ga_cuda_matmul(int device, const ga_matmul_desc *desc, void *workspace,
-                                    size_t workspace_size, ga_stream stream,
-                                    ga_op_report *report)
+                                    size_t workspace_size, ga_stream stream, ga_op_report *report)
 {
     GA_TRY_STATUS(validate(desc));
     ga_op_report rep = {0, 0, 0, 0};
