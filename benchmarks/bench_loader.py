@@ -23,6 +23,7 @@ import time
 import numpy as np
 
 import gpuaccel as ga
+
 from common import machine, print_table
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
@@ -64,7 +65,7 @@ def time_gpuaccel(path, labels, batch, device, batches):
         next(it)
     sync(device)
     start = time.perf_counter()
-    for xb, yb in it:
+    for xb, _ in it:
         done += xb.shape[0]
         if done >= batches * batch:
             break

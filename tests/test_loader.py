@@ -2,16 +2,14 @@
 
 import os
 import signal
-import subprocess
-import sys
-import tempfile
 import textwrap
 
 import numpy as np
 import pytest
-from helpers import assert_close, numpy_dtype
 
 import gpuaccel as ga
+
+from helpers import assert_close, native_threads, numpy_dtype, open_fds, run_python
 
 
 def dataset(rng, n, image=(5, 4, 3)):
@@ -24,14 +22,6 @@ def dataset(rng, n, image=(5, 4, 3)):
 
 def run(loader):
     return [tuple(np.array(t.numpy()) for t in batch) for batch in loader]
-
-
-def open_fds():
-    return len(os.listdir("/proc/self/fd"))
-
-
-def native_threads():
-    return len(os.listdir("/proc/self/task"))
 
 
 @pytest.mark.parametrize("n,batch,drop_last", [(1000, 64, False), (1000, 64, True), (37, 10, False),
@@ -273,7 +263,7 @@ def test_file_truncated_while_running_raises_at_next(rng, tmp_path):
 
 
 def test_ctrl_c_while_waiting_stops_cleanly(rng):
-    threads = native_threads()
+    threads = len(native_threads())
     big = np.zeros((64, 1 << 20), dtype=np.uint8)  # 64 MiB per batch: the wait is long enough
     loader = ga.PinnedLoader([big], 64, num_threads=1, prefetch=0, output="gpuaccel")
     old = signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
@@ -287,7 +277,7 @@ def test_ctrl_c_while_waiting_stops_cleanly(rng):
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
     loader.close()
-    assert native_threads() <= threads  # a thread of an earlier test may have ended meanwhile
+    assert len(native_threads()) <= threads  # a thread of an earlier test may have ended meanwhile
 
 
 def test_nothing_left_behind_after_100_short_iterations(rng, tmp_path):
@@ -295,18 +285,18 @@ def test_nothing_left_behind_after_100_short_iterations(rng, tmp_path):
     np.save(tmp_path / "x.npy", x)
     loader = ga.PinnedLoader([str(tmp_path / "x.npy"), y], 16, shuffle=True, num_threads=3, output="gpuaccel")
     run(loader)  # warm the pools
-    threads, fds, mem = native_threads(), open_fds(), ga.memory_stats("cpu")["allocated_bytes"]
+    threads, fds, mem = len(native_threads()), open_fds(), ga.memory_stats("cpu")["allocated_bytes"]
     for i in range(100):
-        for k, batch in enumerate(loader):
+        for k, _batch in enumerate(loader):
             if k == i % 5:
                 break  # leave mid-epoch
-        del batch
-    assert native_threads() <= threads  # a thread of an earlier test may have ended meanwhile
+        del _batch
+    assert len(native_threads()) <= threads  # a thread of an earlier test may have ended meanwhile
     assert open_fds() == fds
     assert ga.memory_stats("cpu")["allocated_bytes"] == mem
     with loader:
         next(iter(loader))
-    assert native_threads() <= threads  # a thread of an earlier test may have ended meanwhile
+    assert len(native_threads()) <= threads  # a thread of an earlier test may have ended meanwhile
 
 
 def test_len_stats_and_repr(rng):
@@ -338,8 +328,7 @@ def test_exit_while_iterating_is_clean(tmp_path):
         print("ok")
         """
     )
-    result = subprocess.run([sys.executable, "-c", script], timeout=60, capture_output=True, text=True,
-                            cwd=tempfile.gettempdir())
+    result = run_python("-c", script, timeout=60)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
 
 

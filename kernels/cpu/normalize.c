@@ -29,22 +29,22 @@ static ga_status check(const ga_normalize_desc *d)
 }
 
 /* Elements of one size at a time, so the copies compile to plain moves. */
-#define GA_NORMALIZE_IMAGE(TYPE)                                                 \
-    do {                                                                        \
-        const TYPE *lut = (const TYPE *)job->table;                             \
-        TYPE *dst = (TYPE *)job->d->dst + image * hw * c;                       \
-        if (job->d->nchw) {                                                     \
-            for (int64_t ch = 0; ch < c; ch++) {                                \
-                const TYPE *row = lut + ch * 256;                               \
-                TYPE *plane = dst + ch * hw;                                    \
-                for (int64_t p = 0; p < hw; p++)                                \
-                    plane[p] = row[src[p * c + ch]];                            \
-            }                                                                   \
-        } else {                                                                \
-            for (int64_t p = 0; p < hw; p++)                                    \
-                for (int64_t ch = 0; ch < c; ch++)                              \
-                    dst[p * c + ch] = lut[ch * 256 + src[p * c + ch]];          \
-        }                                                                       \
+#define GA_NORMALIZE_IMAGE(TYPE)                                       \
+    do {                                                               \
+        const TYPE *lut = (const TYPE *)job->table;                    \
+        TYPE *dst = (TYPE *)job->d->dst + image * hw * c;              \
+        if (job->d->nchw) {                                            \
+            for (int64_t ch = 0; ch < c; ch++) {                       \
+                const TYPE *row = lut + ch * 256;                      \
+                TYPE *plane = dst + ch * hw;                           \
+                for (int64_t p = 0; p < hw; p++)                       \
+                    plane[p] = row[src[p * c + ch]];                   \
+            }                                                          \
+        } else {                                                       \
+            for (int64_t p = 0; p < hw; p++)                           \
+                for (int64_t ch = 0; ch < c; ch++)                     \
+                    dst[p * c + ch] = lut[ch * 256 + src[p * c + ch]]; \
+        }                                                              \
     } while (0)
 
 static void normalize_range(void *ctx, int64_t begin, int64_t end)
