@@ -61,7 +61,8 @@
 #include <type_traits>
 #include <utility>
 
-namespace cudacpu {
+namespace cudacpu
+{
 
 /* Where a barrier or warp collective is written, for the reports. */
 struct Site {
@@ -111,12 +112,12 @@ void limit_grid(const char *kernel, dim3 max);
 void for_each_launched(void (*fn)(const char *kernel, unsigned long long launches, void *ctx),
                        void *ctx);
 
-template <class... Params> class Launch {
+template <class... Params> class Launch
+{
   public:
     Launch(const char *name, void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared,
            cudaStream_t stream)
-        : name_(name), kernel_(kernel), grid_(grid), block_(block), shared_(shared),
-          stream_(stream)
+        : name_(name), kernel_(kernel), grid_(grid), block_(block), shared_(shared), stream_(stream)
     {
     }
 
@@ -179,8 +180,7 @@ template <class T, class F> T atomic_update(T *p, F f)
     __atomic_load(p, &old, __ATOMIC_RELAXED);
     for (;;) {
         T value = f(old);
-        if (__atomic_compare_exchange(p, &old, &value, false, __ATOMIC_RELAXED,
-                                      __ATOMIC_RELAXED))
+        if (__atomic_compare_exchange(p, &old, &value, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
             return old;
     }
 }
@@ -198,7 +198,7 @@ static constexpr int warpSize = 32;
 /* kernel<<<grid, block, shared, stream>>>(args) is written
  * GA_LAUNCH(grid, block, shared, stream, kernel)(args) in kernels/cuda
  * (see kernels/cuda/common.cuh); this is its host-compiler half. */
-#define CUDACPU_LAUNCH(grid, block, shared, stream, ...)                                 \
+#define CUDACPU_LAUNCH(grid, block, shared, stream, ...) \
     ::cudacpu::make_launch(#__VA_ARGS__, __VA_ARGS__, grid, block, shared, stream)
 
 #define __syncthreads() ((void)::cudacpu::sync_threads(CUDACPU_HERE, 0, 1))
@@ -218,44 +218,77 @@ static inline T cudacpu_shfl(::cudacpu::Site site, ::cudacpu::WarpOp op, unsigne
 {
     return ::cudacpu::shuffle<T>(site, op, mask, var, lane_arg, width);
 }
-#define __shfl_sync(mask, ...) cudacpu_shfl(CUDACPU_HERE, ::cudacpu::WARP_SHFL_IDX, mask, __VA_ARGS__)
-#define __shfl_up_sync(mask, ...) cudacpu_shfl(CUDACPU_HERE, ::cudacpu::WARP_SHFL_UP, mask, __VA_ARGS__)
-#define __shfl_down_sync(mask, ...)                                                     \
+#define __shfl_sync(mask, ...) \
+    cudacpu_shfl(CUDACPU_HERE, ::cudacpu::WARP_SHFL_IDX, mask, __VA_ARGS__)
+#define __shfl_up_sync(mask, ...) \
+    cudacpu_shfl(CUDACPU_HERE, ::cudacpu::WARP_SHFL_UP, mask, __VA_ARGS__)
+#define __shfl_down_sync(mask, ...) \
     cudacpu_shfl(CUDACPU_HERE, ::cudacpu::WARP_SHFL_DOWN, mask, __VA_ARGS__)
-#define __shfl_xor_sync(mask, ...) cudacpu_shfl(CUDACPU_HERE, ::cudacpu::WARP_SHFL_XOR, mask, __VA_ARGS__)
+#define __shfl_xor_sync(mask, ...) \
+    cudacpu_shfl(CUDACPU_HERE, ::cudacpu::WARP_SHFL_XOR, mask, __VA_ARGS__)
 
-#define __all_sync(mask, p)                                                              \
-    ((int)::cudacpu::warp_collective(CUDACPU_HERE, ::cudacpu::WARP_ALL, mask, nullptr, nullptr, \
-                                     0, 0, 32, (p) != 0))
-#define __any_sync(mask, p)                                                              \
-    ((int)::cudacpu::warp_collective(CUDACPU_HERE, ::cudacpu::WARP_ANY, mask, nullptr, nullptr, \
-                                     0, 0, 32, (p) != 0))
-#define __ballot_sync(mask, p)                                                           \
-    ::cudacpu::warp_collective(CUDACPU_HERE, ::cudacpu::WARP_BALLOT, mask, nullptr, nullptr, 0, \
-                               0, 32, (p) != 0)
+#define __all_sync(mask, p)                                                                        \
+    ((int)::cudacpu::warp_collective(CUDACPU_HERE, ::cudacpu::WARP_ALL, mask, nullptr, nullptr, 0, \
+                                     0, 32, (p) != 0))
+#define __any_sync(mask, p)                                                                        \
+    ((int)::cudacpu::warp_collective(CUDACPU_HERE, ::cudacpu::WARP_ANY, mask, nullptr, nullptr, 0, \
+                                     0, 32, (p) != 0))
+#define __ballot_sync(mask, p)                                                                     \
+    ::cudacpu::warp_collective(CUDACPU_HERE, ::cudacpu::WARP_BALLOT, mask, nullptr, nullptr, 0, 0, \
+                               32, (p) != 0)
 #define __activemask() (::cudacpu::active_mask())
 
-static inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
-static inline void __threadfence_block() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
-template <class T> static inline T __ldg(const T *p) { return *p; }
+static inline void __threadfence()
+{
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+}
+static inline void __threadfence_block()
+{
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+}
+template <class T> static inline T __ldg(const T *p)
+{
+    return *p;
+}
 
 /* ------------------------------------------------------------ atomics */
 
-#define CUDACPU_ATOMIC_INT(T)                                                            \
-    static inline T atomicAdd(T *p, T v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); } \
-    static inline T atomicSub(T *p, T v) { return __atomic_fetch_sub(p, v, __ATOMIC_RELAXED); } \
-    static inline T atomicAnd(T *p, T v) { return __atomic_fetch_and(p, v, __ATOMIC_RELAXED); } \
-    static inline T atomicOr(T *p, T v) { return __atomic_fetch_or(p, v, __ATOMIC_RELAXED); }   \
-    static inline T atomicXor(T *p, T v) { return __atomic_fetch_xor(p, v, __ATOMIC_RELAXED); } \
-    static inline T atomicExch(T *p, T v) { return __atomic_exchange_n(p, v, __ATOMIC_RELAXED); } \
-    static inline T atomicCAS(T *p, T c, T v) { return ::cudacpu::atomic_cas(p, c, v); }      \
-    static inline T atomicMin(T *p, T v)                                                   \
-    {                                                                                       \
-        return ::cudacpu::atomic_update(p, [v](T old) { return v < old ? v : old; });       \
-    }                                                                                       \
-    static inline T atomicMax(T *p, T v)                                                   \
-    {                                                                                       \
-        return ::cudacpu::atomic_update(p, [v](T old) { return v > old ? v : old; });       \
+#define CUDACPU_ATOMIC_INT(T)                                                         \
+    static inline T atomicAdd(T *p, T v)                                              \
+    {                                                                                 \
+        return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);                            \
+    }                                                                                 \
+    static inline T atomicSub(T *p, T v)                                              \
+    {                                                                                 \
+        return __atomic_fetch_sub(p, v, __ATOMIC_RELAXED);                            \
+    }                                                                                 \
+    static inline T atomicAnd(T *p, T v)                                              \
+    {                                                                                 \
+        return __atomic_fetch_and(p, v, __ATOMIC_RELAXED);                            \
+    }                                                                                 \
+    static inline T atomicOr(T *p, T v)                                               \
+    {                                                                                 \
+        return __atomic_fetch_or(p, v, __ATOMIC_RELAXED);                             \
+    }                                                                                 \
+    static inline T atomicXor(T *p, T v)                                              \
+    {                                                                                 \
+        return __atomic_fetch_xor(p, v, __ATOMIC_RELAXED);                            \
+    }                                                                                 \
+    static inline T atomicExch(T *p, T v)                                             \
+    {                                                                                 \
+        return __atomic_exchange_n(p, v, __ATOMIC_RELAXED);                           \
+    }                                                                                 \
+    static inline T atomicCAS(T *p, T c, T v)                                         \
+    {                                                                                 \
+        return ::cudacpu::atomic_cas(p, c, v);                                        \
+    }                                                                                 \
+    static inline T atomicMin(T *p, T v)                                              \
+    {                                                                                 \
+        return ::cudacpu::atomic_update(p, [v](T old) { return v < old ? v : old; }); \
+    }                                                                                 \
+    static inline T atomicMax(T *p, T v)                                              \
+    {                                                                                 \
+        return ::cudacpu::atomic_update(p, [v](T old) { return v > old ? v : old; }); \
     }
 
 CUDACPU_ATOMIC_INT(int)
@@ -281,15 +314,13 @@ static inline float atomicExch(float *p, float v)
 /* ((old >= limit) ? 0 : old + 1) and ((old == 0 || old > limit) ? limit : old - 1) */
 static inline unsigned int atomicInc(unsigned int *p, unsigned int limit)
 {
-    return ::cudacpu::atomic_update(p, [limit](unsigned int old) {
-        return old >= limit ? 0u : old + 1u;
-    });
+    return ::cudacpu::atomic_update(
+        p, [limit](unsigned int old) { return old >= limit ? 0u : old + 1u; });
 }
 static inline unsigned int atomicDec(unsigned int *p, unsigned int limit)
 {
-    return ::cudacpu::atomic_update(p, [limit](unsigned int old) {
-        return old == 0u || old > limit ? limit : old - 1u;
-    });
+    return ::cudacpu::atomic_update(
+        p, [limit](unsigned int old) { return old == 0u || old > limit ? limit : old - 1u; });
 }
 
 #endif

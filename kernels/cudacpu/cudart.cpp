@@ -15,7 +15,8 @@
 #include "../kernels.h"
 #include "error.h"
 
-namespace {
+namespace
+{
 
 thread_local cudaError_t pending = cudaSuccess;
 thread_local cudaError_t described = cudaSuccess; /* the error `description` belongs to */
@@ -38,7 +39,8 @@ cudaError_t fail(cudaError_t err, const char *what)
 
 } // namespace
 
-namespace cudacpu {
+namespace cudacpu
+{
 
 void set_error(cudaError_t err, const char *format, ...)
 {
@@ -54,9 +56,15 @@ void set_error(cudaError_t err, const char *format, ...)
 
 extern "C" {
 
-cudaError_t CUDARTAPI cudaGetLastError(void) { return take_pending(); }
+cudaError_t CUDARTAPI cudaGetLastError(void)
+{
+    return take_pending();
+}
 
-cudaError_t CUDARTAPI cudaPeekAtLastError(void) { return pending; }
+cudaError_t CUDARTAPI cudaPeekAtLastError(void)
+{
+    return pending;
+}
 
 const char *CUDARTAPI cudaGetErrorName(cudaError_t error)
 {

@@ -7,7 +7,8 @@
 
 #include <cuda_runtime_api.h>
 
-namespace cudacpu {
+namespace cudacpu
+{
 
 /* Makes `err` the calling thread's pending error (cudaGetLastError), with
  * a description that cudaGetErrorString(err) returns until the next one. */

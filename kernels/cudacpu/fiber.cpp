@@ -63,8 +63,10 @@
 #undef CUDACPU_TSAN
 #endif
 
-namespace cudacpu {
-namespace {
+namespace cudacpu
+{
+namespace
+{
 
 constexpr int kWarp = 32;
 constexpr unsigned kMaxThreadsPerBlock = 1024;
@@ -118,8 +120,8 @@ struct Grid {
     uint3 block_idx;
     int nthreads;
     std::vector<Thread> threads;
-    std::vector<int> order; /* this pass's order of the threads */
-    size_t pos = 0;         /* the next of `order` to consider */
+    std::vector<int> order;    /* this pass's order of the threads */
+    size_t pos = 0;            /* the next of `order` to consider */
     Thread *current = nullptr; /* the thread that runs, else null (the scheduler) */
     Context scheduler;
     bool failed = false;
@@ -301,7 +303,10 @@ Fiber *take_fiber(const Thread &)
     return f;
 }
 
-void give_back(Fiber *f) { idle.push_back(f); }
+void give_back(Fiber *f)
+{
+    idle.push_back(f);
+}
 #endif
 
 #ifdef CUDACPU_USE_UCONTEXT
@@ -331,7 +336,10 @@ void switch_context(Context *from, Context *to)
     libc_swap(&from->uc, &to->uc);
 }
 #else
-void switch_context(Context *from, Context *to) { swapcontext(&from->uc, &to->uc); }
+void switch_context(Context *from, Context *to)
+{
+    swapcontext(&from->uc, &to->uc);
+}
 #endif
 
 #else /* x86-64 */
@@ -392,7 +400,10 @@ void make_fresh(Fiber *f)
     f->fresh = false;
 }
 
-void switch_context(Context *from, Context *to) { cudacpu_switch_stacks(&from->sp, to->sp); }
+void switch_context(Context *from, Context *to)
+{
+    cudacpu_switch_stacks(&from->sp, to->sp);
+}
 
 #endif
 
@@ -531,8 +542,7 @@ const char *op_name(WarpOp op)
 
 bool is_shuffle(WarpOp op)
 {
-    return op == WARP_SHFL_IDX || op == WARP_SHFL_UP || op == WARP_SHFL_DOWN ||
-           op == WARP_SHFL_XOR;
+    return op == WARP_SHFL_IDX || op == WARP_SHFL_UP || op == WARP_SHFL_DOWN || op == WARP_SHFL_XOR;
 }
 
 std::string describe_collective(const Grid &g, const Thread &t)
@@ -564,11 +574,8 @@ Progress try_complete(Grid &g, int warp_base, const Thread &first, std::string *
             continue;
         const Thread &o = g.threads[(size_t)(warp_base + lane)];
         switch (o.state) {
-        case State::Done:
-            continue;
-        case State::Ready:
-            waiting = true;
-            break;
+        case State::Done: continue;
+        case State::Ready: waiting = true; break;
         case State::AtBarrier:
             *why = format("deadlock: %s waits at __syncthreads at %s, and %s waits for it",
                           thread_name(g, o).c_str(), where(o.site).c_str(),
@@ -615,8 +622,7 @@ Progress try_complete(Grid &g, int warp_base, const Thread &first, std::string *
                           ? lane ^ t.lane_arg
                           : lane;
             if (!(arrived >> src & 1)) {
-                *why = format("%s reads lane %d, which %s", describe_collective(g, t).c_str(),
-                              src,
+                *why = format("%s reads lane %d, which %s", describe_collective(g, t).c_str(), src,
                               mask >> src & 1 ? "has exited" : "its mask does not name");
                 return Progress::Failed;
             }
@@ -794,10 +800,9 @@ bool valid_config(dim3 grid, dim3 block, std::string *why)
                       block.y, block.z);
         return false;
     }
-    if (!grid.x || !grid.y || !grid.z || grid.x > 0x7fffffffu || grid.y > 65535 ||
-        grid.z > 65535) {
-        *why = format("grid (%u,%u,%u): x in [1, 2^31-1], y and z in [1, 65535]", grid.x,
-                      grid.y, grid.z);
+    if (!grid.x || !grid.y || !grid.z || grid.x > 0x7fffffffu || grid.y > 65535 || grid.z > 65535) {
+        *why = format("grid (%u,%u,%u): x in [1, 2^31-1], y and z in [1, 65535]", grid.x, grid.y,
+                      grid.z);
         return false;
     }
     return true;
@@ -884,16 +889,18 @@ unsigned warp_collective(Site site, WarpOp op, unsigned mask, const void *value,
     t->state = State::AtWarp;
     int lanes = lanes_in(g, warp_base);
     if (!(mask >> lane & 1))
-        fail_in_fiber(g, t, format("%s: the mask does not name the calling lane %d",
-                                   describe_collective(g, *t).c_str(), lane));
+        fail_in_fiber(g, t,
+                      format("%s: the mask does not name the calling lane %d",
+                             describe_collective(g, *t).c_str(), lane));
     if (lanes < kWarp && mask >> lanes)
-        fail_in_fiber(g, t, format("%s names lanes that warp %d of this block lacks (it has "
-                                   "lanes 0-%d)",
-                                   describe_collective(g, *t).c_str(), t->linear / kWarp,
-                                   lanes - 1));
+        fail_in_fiber(g, t,
+                      format("%s names lanes that warp %d of this block lacks (it has "
+                             "lanes 0-%d)",
+                             describe_collective(g, *t).c_str(), t->linear / kWarp, lanes - 1));
     if (is_shuffle(op) && (width < 1 || width > kWarp || (width & (width - 1))))
-        fail_in_fiber(g, t, format("%s: width %d is not a power of two up to 32",
-                                   describe_collective(g, *t).c_str(), width));
+        fail_in_fiber(g, t,
+                      format("%s: width %d is not a power of two up to 32",
+                             describe_collective(g, *t).c_str(), width));
 #ifdef CUDACPU_TSAN
     __tsan_release(&g.warps[t->linear / kWarp]);
 #endif
@@ -945,8 +952,7 @@ void launch(const char *kernel, dim3 grid, dim3 block, size_t shared_bytes, cuda
     }
     std::string why;
     if (!valid_config(grid, block, &why)) {
-        set_error(cudaErrorInvalidConfiguration, "cudacpu: launch of %s: %s", kernel,
-                  why.c_str());
+        set_error(cudaErrorInvalidConfiguration, "cudacpu: launch of %s: %s", kernel, why.c_str());
         return;
     }
     if (shared_bytes) {
@@ -1003,17 +1009,19 @@ void launch(const char *kernel, dim3 grid, dim3 block, size_t shared_bytes, cuda
     running = &g;
     in_launch = true;
     for (unsigned long long k = 0; k < nblocks; k++) {
-        unsigned long long b = how == Order::Forward   ? k
-                               : how == Order::Reverse ? nblocks - 1 - k
-                                                       : (unsigned long long)(((unsigned __int128)a * k + c) % nblocks);
+        unsigned long long b = how == Order::Forward ? k
+                               : how == Order::Reverse
+                                   ? nblocks - 1 - k
+                                   : (unsigned long long)(((unsigned __int128)a * k + c) % nblocks);
         g.block_idx.x = (unsigned)(b % grid.x);
         g.block_idx.y = (unsigned)(b / grid.x % grid.y);
         g.block_idx.z = (unsigned)(b / ((unsigned long long)grid.x * grid.y));
         if (!run_block(g, how)) {
-            set_error(cudaErrorLaunchFailure, "cudacpu: %s, block (%u,%u,%u) of grid (%u,%u,%u) "
-                                              "x block (%u,%u,%u): %s",
-                      kernel, g.block_idx.x, g.block_idx.y, g.block_idx.z, grid.x, grid.y,
-                      grid.z, block.x, block.y, block.z, g.error.c_str());
+            set_error(cudaErrorLaunchFailure,
+                      "cudacpu: %s, block (%u,%u,%u) of grid (%u,%u,%u) "
+                      "x block (%u,%u,%u): %s",
+                      kernel, g.block_idx.x, g.block_idx.y, g.block_idx.z, grid.x, grid.y, grid.z,
+                      block.x, block.y, block.z, g.error.c_str());
             break;
         }
     }
