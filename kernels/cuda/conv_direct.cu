@@ -441,26 +441,30 @@ extern "C" ga_status ga_cuda_conv2d_forward_direct(int device, const ga_conv_des
                           desc->activation, &desc->preact, ga_cu_stream(stream));
 }
 
+/* Both backward ops in conv roles: x and w (dx, or dw) written from the
+ * other two. */
+static ga_status backward_direct(int device, GaConvOp op, const ga_conv_geometry *geom,
+                                 const ga_tensor *x, const ga_tensor *w, const ga_tensor *y,
+                                 ga_stream stream)
+{
+    GA_TRY_STATUS(ga_conv_check(geom, x, w, y));
+    if (ga_numel(op == GA_CONV_BWD_DATA ? x : w) == 0)
+        return ga_ok();
+    GA_WITH_DEVICE(device);
+    return ga_conv_direct(op, *geom, *x, *w, *y, nullptr, GA_ACT_NONE, nullptr,
+                          ga_cu_stream(stream));
+}
+
 extern "C" ga_status ga_cuda_conv2d_backward_data_direct(int device, const ga_conv_geometry *geom,
                                                          const ga_tensor *dy, const ga_tensor *w,
                                                          const ga_tensor *dx, ga_stream stream)
 {
-    GA_TRY_STATUS(ga_conv_check(geom, dx, w, dy));
-    if (ga_numel(dx) == 0)
-        return ga_ok();
-    GA_WITH_DEVICE(device);
-    return ga_conv_direct(GA_CONV_BWD_DATA, *geom, *dx, *w, *dy, nullptr, GA_ACT_NONE, nullptr,
-                          ga_cu_stream(stream));
+    return backward_direct(device, GA_CONV_BWD_DATA, geom, dx, w, dy, stream);
 }
 
 extern "C" ga_status ga_cuda_conv2d_backward_filter_direct(int device, const ga_conv_geometry *geom,
                                                            const ga_tensor *x, const ga_tensor *dy,
                                                            const ga_tensor *dw, ga_stream stream)
 {
-    GA_TRY_STATUS(ga_conv_check(geom, x, dw, dy));
-    if (ga_numel(dw) == 0)
-        return ga_ok();
-    GA_WITH_DEVICE(device);
-    return ga_conv_direct(GA_CONV_BWD_FILTER, *geom, *x, *dw, *dy, nullptr, GA_ACT_NONE, nullptr,
-                          ga_cu_stream(stream));
+    return backward_direct(device, GA_CONV_BWD_FILTER, geom, x, dw, dy, stream);
 }

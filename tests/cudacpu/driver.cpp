@@ -287,26 +287,12 @@ class Side
 
     ga_tensor tensor(const char *field) const
     {
-        auto it = c_.tensors.find(field);
-        ga_tensor t;
-        memset(&t, 0, sizeof t);
-        if (it == c_.tensors.end())
-            return t;
-        t = it->second.t;
-        t.data = at(it->second.ref);
-        return t;
+        return resolve(c_.tensors, field, &TensorSpec::t);
     }
 
     ga_matrix matrix(const char *field) const
     {
-        auto it = c_.matrices.find(field);
-        ga_matrix m;
-        memset(&m, 0, sizeof m);
-        if (it == c_.matrices.end())
-            return m;
-        m = it->second.m;
-        m.data = at(it->second.ref);
-        return m;
+        return resolve(c_.matrices, field, &MatrixSpec::m);
     }
 
     void *ptr(const std::string &field) const
@@ -353,6 +339,21 @@ class Side
     }
 
   private:
+    /* A tensor or matrix field with its data pointer in this side's
+     * buffers; all zeros when the case does not name it. */
+    template <class Spec, class T>
+    T resolve(const std::map<std::string, Spec> &specs, const char *field, T Spec::*value) const
+    {
+        T v;
+        memset(&v, 0, sizeof v);
+        auto it = specs.find(field);
+        if (it == specs.end())
+            return v;
+        v = it->second.*value;
+        v.data = at(it->second.ref);
+        return v;
+    }
+
     const Case &c_;
     std::map<std::string, Guarded> memory_;
 };

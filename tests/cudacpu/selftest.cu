@@ -22,53 +22,24 @@ namespace
 
 constexpr int kSumThreads = 64;
 
-/* A block sum of n ints, the usual shared-memory tree. */
-__global__ void block_sum(const int *in, int *out, int n)
+/* A block sum of n ints, the usual shared-memory tree, with or without
+ * its barrier between the partial sums and the tree (First) and the one
+ * inside the tree (Tree). */
+template <bool First, bool Tree> __global__ void block_sum(const int *in, int *out, int n)
 {
     __shared__ int part[kSumThreads];
     int s = 0;
     for (int i = threadIdx.x; i < n; i += blockDim.x)
         s += in[i];
     part[threadIdx.x] = s;
-    __syncthreads();
+    if (First)
+        __syncthreads();
     for (int h = kSumThreads / 2; h > 0; h >>= 1) {
         if ((int)threadIdx.x < h)
             part[threadIdx.x] += part[threadIdx.x + h];
-        __syncthreads();
+        if (Tree)
+            __syncthreads();
     }
-    if (threadIdx.x == 0)
-        out[0] = part[0];
-}
-
-/* The same without the barrier between the partial sums and the tree. */
-__global__ void block_sum_no_barrier(const int *in, int *out, int n)
-{
-    __shared__ int part[kSumThreads];
-    int s = 0;
-    for (int i = threadIdx.x; i < n; i += blockDim.x)
-        s += in[i];
-    part[threadIdx.x] = s;
-    for (int h = kSumThreads / 2; h > 0; h >>= 1) {
-        if ((int)threadIdx.x < h)
-            part[threadIdx.x] += part[threadIdx.x + h];
-        __syncthreads();
-    }
-    if (threadIdx.x == 0)
-        out[0] = part[0];
-}
-
-/* The same without the barrier inside the tree. */
-__global__ void block_sum_no_tree_barrier(const int *in, int *out, int n)
-{
-    __shared__ int part[kSumThreads];
-    int s = 0;
-    for (int i = threadIdx.x; i < n; i += blockDim.x)
-        s += in[i];
-    part[threadIdx.x] = s;
-    __syncthreads();
-    for (int h = kSumThreads / 2; h > 0; h >>= 1)
-        if ((int)threadIdx.x < h)
-            part[threadIdx.x] += part[threadIdx.x + h];
     if (threadIdx.x == 0)
         out[0] = part[0];
 }
@@ -277,11 +248,11 @@ extern "C" cudaError_t cudacpu_selftest(const char *name, void *out_, const void
     const int *in = (const int *)in_;
     cudaGetLastError();
     if (!strcmp(name, "block_sum"))
-        CUDACPU_LAUNCH(1, kSumThreads, 0, 0, block_sum)(in, out, n);
+        CUDACPU_LAUNCH(1, kSumThreads, 0, 0, block_sum<true, true>)(in, out, n);
     else if (!strcmp(name, "block_sum_no_barrier"))
-        CUDACPU_LAUNCH(1, kSumThreads, 0, 0, block_sum_no_barrier)(in, out, n);
+        CUDACPU_LAUNCH(1, kSumThreads, 0, 0, block_sum<false, true>)(in, out, n);
     else if (!strcmp(name, "block_sum_no_tree_barrier"))
-        CUDACPU_LAUNCH(1, kSumThreads, 0, 0, block_sum_no_tree_barrier)(in, out, n);
+        CUDACPU_LAUNCH(1, kSumThreads, 0, 0, block_sum<true, false>)(in, out, n);
     else if (!strcmp(name, "write_each")) /* n + 1 threads */
         CUDACPU_LAUNCH(1, n + 1, 0, 0, write_each)(out);
     else if (!strcmp(name, "shared_past_end"))
