@@ -1,7 +1,10 @@
 /*
  * alloc.h — one allocator per memory kind.
  *
- *   host   (pageable): posix_memalign, counted against the CPU limit;
+ *   host   (pageable): posix_memalign, counted against the CPU limit; blocks
+ *          of 64 KiB and more are cached in size classes when freed (a
+ *          bounded cache: they keep their pages, so reusing them costs no
+ *          page faults);
  *   pinned (page-locked host): a caching pool of cudaHostAlloc blocks in size
  *          classes; a freed block is handed out again only after the events
  *          of the copies that used it have completed;
