@@ -308,16 +308,26 @@ static uint64_t host_total_memory(void)
     return pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
 }
 
-/* Idle bytes the cache may hold: 1/16 of the machine's memory, at least
- * 256 MiB (a few batches of any loader) and at most 2 GiB.  Blocks freed
- * beyond it go back to the system. */
+/* Idle bytes the cache may hold: $GPUACCEL_HOST_CACHE_BYTES (0: no cache),
+ * else 1/16 of the machine's memory, at least 256 MiB (a few batches of any
+ * loader) and at most 2 GiB.  Blocks freed beyond it go back to the system.
+ * Called with alloc_lock held. */
 static uint64_t host_cache_limit(void)
 {
+    static int known;
     static uint64_t limit;
-    if (!limit) {
-        uint64_t sixteenth = host_total_memory() / 16;
-        uint64_t low = (uint64_t)256 << 20, high = (uint64_t)2 << 30;
-        limit = sixteenth < low ? low : sixteenth > high ? high : sixteenth;
+    if (!known) {
+        const char *env = getenv("GPUACCEL_HOST_CACHE_BYTES");
+        char *end = NULL;
+        unsigned long long bytes = env && *env ? strtoull(env, &end, 10) : 0;
+        if (env && *env >= '0' && *env <= '9' && end && *end == '\0') {
+            limit = bytes;
+        } else {
+            uint64_t sixteenth = host_total_memory() / 16;
+            uint64_t low = (uint64_t)256 << 20, high = (uint64_t)2 << 30;
+            limit = sixteenth < low ? low : sixteenth > high ? high : sixteenth;
+        }
+        known = 1;
     }
     return limit;
 }
@@ -683,10 +693,10 @@ static void report_unraisable(ga_status status)
     }
 }
 
-void ga_block_free(ga_block *b)
+ga_status ga_block_free_status(ga_block *b)
 {
     if (!b)
-        return;
+        return ga_ok();
     ga_status status = ga_ok();
     alloc_lock_acquire();
     switch (b->kind) {
@@ -741,6 +751,12 @@ void ga_block_free(ga_block *b)
         event_put(b->use_devices[k], b->use_events[k]);
     pthread_mutex_unlock(&alloc_lock);
     free(b);
+    return status;
+}
+
+void ga_block_free(ga_block *b)
+{
+    ga_status status = ga_block_free_status(b);
     if (status.error)
         report_unraisable(status);
 }

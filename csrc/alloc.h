@@ -106,6 +106,10 @@ uint64_t ga_thread_token(void);
  * unraisable).  Needs the GIL. */
 void ga_block_free(ga_block *block);
 
+/* The same without Python (for threads that do not hold the GIL): returns
+ * the status of a failed CUDA call instead of reporting it. */
+ga_status ga_block_free_status(ga_block *block);
+
 /* Module-level functions. */
 PyObject *ga_py_memory_stats(PyObject *module, PyObject *args, PyObject *kwargs);
 PyObject *ga_py_empty_cache(PyObject *module, PyObject *unused);

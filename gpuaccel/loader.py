@@ -6,9 +6,11 @@ arguments, epochs, shuffling, distributed shards, resuming, torch tensors,
 progress bars.
 
 Outputs come from gpuaccel's stream-ordered device pool (pinned host memory
-on device="cpu" when CUDA is usable): each batch gets fresh memory that stays
-valid for as long as you hold it; when you drop it, the memory is reused only
-after the streams that used it are done with it.
+on device="cpu" when CUDA is usable, else its pageable host pool): each batch
+gets memory that stays valid for as long as you hold it; when you drop it, the
+memory goes back to the pool and is reused only after the streams that used it
+are done with it.  A loop that drops each batch thus keeps cycling through the
+same few buffers, whose pages are already faulted in.
 """
 
 import atexit
@@ -29,7 +31,12 @@ _FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 class ImageNormalize:
     """The transform PinnedLoader fuses into the copy of the first array:
     uint8 images (N, H, W, C) become ``(x * scale - mean) / std`` in `dtype`,
-    laid out as NCHW (default) or kept NHWC.
+    as (N, C, H, W) batches.  layout="NCHW" (default) writes them contiguous;
+    layout="NHWC" keeps the channels last in memory, with no transpose at all,
+    and hands them over in torch's ``channels_last`` memory format (shape
+    (N, C, H, W), ``is_contiguous(memory_format=torch.channels_last)``), which
+    is what a model converted with ``.to(memory_format=torch.channels_last)``
+    takes without copying.
 
     mean and std are per channel (a sequence with one value per channel, or a
     single number for all channels), in the units of ``x * scale``.
@@ -231,6 +238,7 @@ class PinnedLoader:
                  prefetch=2, device=None, transform=None, rank=None, world_size=None, output="torch",
                  progress=False):
         self._sources, self.num_samples = _describe(arrays)
+        self._mappings = None  # the last epoch's mappings of the source files, for the next
         if not isinstance(batch_size, (int, np.integer)) or isinstance(batch_size, bool) or batch_size < 1:
             raise ValueError("batch_size must be a positive int, got %r" % (batch_size,))
         self.batch_size = int(batch_size)
@@ -309,9 +317,11 @@ class PinnedLoader:
     def __iter__(self):
         epoch, start = self._epoch, self._resume_batch
         self._epoch, self._resume_batch = epoch + 1, 0
+        mappings, self._mappings = self._mappings, None
         engine = _C._LoaderIter(
             list(self._sources), self.epoch_indices(epoch), self.batch_size, self.device, self.num_threads,
-            self.prefetch, self._transform_spec, start)
+            self.prefetch, self._transform_spec, start, mappings)
+        self._mappings = engine.mappings  # reused by the next epoch while they map the same files
         it = _EpochIterator(self, engine, epoch)
         self._current = (weakref.ref(it), epoch)
         return it
