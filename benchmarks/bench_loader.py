@@ -218,7 +218,7 @@ def contender_gpuaccel(layout):
 
 def contender_dali(layout):
     def make(images, labels, work):
-        torch = _torch_threads()
+        _torch_threads()
         from nvidia.dali import fn, pipeline_def, types
         from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 

@@ -139,11 +139,12 @@ def _memory_source(array, index):
 
 def _memmap_file_source(array, index):
     """A np.memmap over a shared mapping of a file, rows back to back, is
-    read like a .npy path: with pread() from the file, whose page cache its
-    mapping shares.  Copying out of the mapping itself would kill the
-    process with SIGBUS the moment someone truncates the file; pread() gets
-    a short read that becomes an OSError.  None where that does not apply
-    (copy-on-write mode "c", strided rows, a file gone or replaced)."""
+    read like a .npy path: from the file, whose page cache its mapping
+    shares, through the loader's own mapping of it (csrc/loader.c), whose
+    copies are guarded: the SIGBUS of a file truncated under them becomes
+    an OSError instead of killing the process, as copying out of the
+    memmap itself would.  None where that does not apply (copy-on-write
+    mode "c", strided rows, a file gone or replaced)."""
     mm, filename = getattr(array, "_mmap", None), getattr(array, "filename", None)
     if (mm is None or filename is None or array.ndim < 1 or getattr(array, "mode", "c") not in ("r", "r+", "w+")
             or not array.flags.c_contiguous or not array.dtype.isnative or array.dtype.hasobject):
@@ -225,9 +226,12 @@ class PinnedLoader:
     torch.distributed each rank gets a disjoint shard of equal length (padded
     like torch's DistributedSampler).
 
-    A np.memmap (modes "r", "r+", "w+") is read from its file with pread(),
-    like a .npy path: a file truncated under a running epoch raises OSError
-    instead of killing the process with SIGBUS.  Threads may share one
+    A np.memmap (modes "r", "r+", "w+") is read from its file like a .npy
+    path, through a mapping the loader keeps from epoch to epoch (pread()
+    where the file cannot be mapped): a file truncated under a running epoch
+    raises OSError instead of killing the process with SIGBUS.  Batches come
+    from gpuaccel's memory pools and stay valid while you hold them; a loop
+    that drops each batch reuses the same few buffers.  Threads may share one
     epoch's iterator (they take turns; each batch goes to exactly one of
     them), and close() from any thread ends the epoch, waking a waiting
     next() with StopIteration.  After fork() the child starts epochs of its
