@@ -512,18 +512,22 @@ ga_status ga_block_alloc_status(ga_mem_kind kind, int device, size_t size, ga_st
 {
     ga_block *b;
     *out = NULL;
-    GA_TRY_STATUS(new_block(kind, device, size, &b));
+    /* The record is made and stored in *out under the lock, which fork()
+     * takes (see the fork handlers): a child never inherits a block that
+     * only a thread of its parent, absent from the child, knew about. */
     alloc_lock_acquire();
-    ga_status status = kind == GA_MEM_HOST     ? alloc_host(b, size)
-                       : kind == GA_MEM_PINNED ? alloc_pinned(b, size)
-                                               : alloc_device(b, device, size, stream);
-    pthread_mutex_unlock(&alloc_lock);
-    if (status.error) {
-        free(b);
-        return status;
+    ga_status status = new_block(kind, device, size, &b);
+    if (!status.error) {
+        status = kind == GA_MEM_HOST     ? alloc_host(b, size)
+                 : kind == GA_MEM_PINNED ? alloc_pinned(b, size)
+                                         : alloc_device(b, device, size, stream);
+        if (status.error)
+            free(b);
+        else
+            *out = b;
     }
-    *out = b;
-    return ga_ok();
+    pthread_mutex_unlock(&alloc_lock);
+    return status;
 }
 
 ga_status ga_block_borrow(int device, void *ptr, size_t size, ga_stream stream, ga_block **out)

@@ -94,6 +94,11 @@ typedef struct {
     loader_slot *slots;
     int nthreads, started_threads;
     pthread_t threads[GA_LOADER_MAX_THREADS];
+    atomic_int worker_ids; /* hands each worker its index */
+    /* CPU + transform: each worker's gather buffer, from the pageable pool
+     * like the outputs (a new epoch's workers reuse the last one's pages);
+     * the iterator owns them, so a forked child frees them too */
+    ga_block *scratch[GA_LOADER_MAX_THREADS];
     pthread_mutex_t mu;
     pthread_cond_t work_cv, ready_cv, consumer_cv;
     pid_t owner_pid;   /* the process whose threads these are (see forked()) */
@@ -500,19 +505,10 @@ static int finish_slot(LoaderIterObject *it, loader_slot *slot)
 static void *worker_main(void *arg)
 {
     LoaderIterObject *it = (LoaderIterObject *)arg;
-    ga_block *scratch = NULL;
+    int worker = atomic_fetch_add(&it->worker_ids, 1);
+    char *scratch = it->scratch[worker] ? it->scratch[worker]->ptr : NULL;
     if (it->device.type == GA_DEVICE_CUDA) {
         ga_status status = ga_cuda_thread_init(it->device.index);
-        if (status.error) {
-            fail(it, status, 0, NULL);
-            return NULL;
-        }
-    }
-    if (it->has_transform && it->device.type == GA_DEVICE_CPU) {
-        /* from the pageable pool, like the outputs: a new epoch's workers
-         * reuse the last one's pages instead of faulting in fresh ones */
-        ga_status status = ga_block_alloc_status(
-            GA_MEM_HOST, -1, (size_t)(chunk_rows(it) * it->src[0].row_bytes), NULL, &scratch);
         if (status.error) {
             fail(it, status, 0, NULL);
             return NULL;
@@ -551,7 +547,7 @@ static void *worker_main(void *arg)
         int64_t chunk = slot->next_chunk++;
         pthread_mutex_unlock(&it->mu);
         double t0 = now_seconds();
-        int rc = gather_chunk(it, slot, chunk, scratch ? scratch->ptr : NULL);
+        int rc = gather_chunk(it, slot, chunk, scratch);
         double spent = now_seconds() - t0;
         pthread_mutex_lock(&it->mu);
         it->gather_seconds += spent;
@@ -568,7 +564,6 @@ static void *worker_main(void *arg)
         }
     }
     pthread_mutex_unlock(&it->mu);
-    (void)ga_block_free_status(scratch); /* pageable: cannot fail */
     return NULL;
 }
 
@@ -596,6 +591,14 @@ static void release_sources(LoaderIterObject *it)
     }
 }
 
+static void release_scratch(LoaderIterObject *it)
+{
+    for (int t = 0; t < GA_LOADER_MAX_THREADS; t++) {
+        ga_block_free(it->scratch[t]);
+        it->scratch[t] = NULL;
+    }
+}
+
 /* Returns unused outputs, the staging buffers and the events to the pool.
  * Needs the GIL, the workers joined and no consumer inside next_batch. */
 static void release_ring(LoaderIterObject *it)
@@ -618,6 +621,7 @@ static void release_ring(LoaderIterObject *it)
                 }
             }
         }
+        release_scratch(it);
         release_sources(it); /* this process's copies of the descriptors */
         return;
     }
@@ -646,6 +650,7 @@ static void release_ring(LoaderIterObject *it)
         slot->copy_start = slot->copied = NULL;
     }
     release_sources(it);
+    release_scratch(it);
 }
 
 /* Ends the epoch: stops and joins the workers (GIL released while joining),
@@ -1008,6 +1013,12 @@ static PyObject *LoaderIter_new(PyTypeObject *type, PyObject *args, PyObject *kw
     }
     if (allocate_ring(st, it, prefetch + 2) < 0)
         goto error;
+    for (int t = 0; t < num_threads && it->has_transform && it->device.type == GA_DEVICE_CPU; t++) {
+        it->scratch[t] = ga_block_alloc(st, GA_MEM_HOST, -1,
+                                        (size_t)(chunk_rows(it) * it->src[0].row_bytes), NULL);
+        if (!it->scratch[t])
+            goto error;
+    }
     it->nthreads = num_threads;
     it->started_at = now_seconds();
     for (int t = 0; t < num_threads; t++) {
