@@ -204,17 +204,19 @@ static int read_file(LoaderIterObject *it, const loader_source *s, char *dst, in
 
 /* ----------------------------------------------------- mapped files
  *
- * PinnedLoader maps each source file once (gpuaccel/loader.py), and each
- * epoch uses the mapping if it is still of the file at that path.  Rows are
- * then copied out of the mapping: no system call and no page-cache lookup
- * per row, under half the CPU time of pread() per row, none of it in the
+ * Each epoch maps its source files, or reuses the last epoch's mapping of
+ * the same file (PinnedLoader keeps it, gpuaccel/loader.py).  Rows are then
+ * copied out of the mapping: no system call and no page-cache lookup per
+ * row, under half the CPU time of pread() per row, none of it in the
  * kernel.  But a file truncated under the copy turns the access into a
  * SIGBUS, which would kill the process.  So the copies are guarded: the
  * handler below turns a SIGBUS inside a worker's guarded copy into an error
  * return (the same OSError as a short pread), and hands every other SIGBUS
- * to the handler it replaced.  Bytes past the new end of the file in its
- * last page read as zeros without a signal: an fstat() after each chunk
- * catches those. */
+ * to the handler it replaced.  Each epoch puts it back on top if something
+ * installed another handler since; one installed while an epoch runs gets
+ * that epoch's SIGBUS (and typically ends the process, as it would without
+ * gpuaccel).  Bytes past the new end of the file in its last page read as
+ * zeros without a signal: an fstat() after each chunk catches those. */
 
 /* A read-only shared mapping of a whole source file, owned by a capsule:
  * the epoch's iterator holds it while its workers copy from it, and
@@ -312,7 +314,17 @@ static int gather_mapped(LoaderIterObject *it, const loader_source *s, int64_t f
         sigemptyset(&bus);
         sigaddset(&bus, SIGBUS);
         pthread_sigmask(SIG_UNBLOCK, &bus, NULL);
-        file_ended(it, s, s->offset + row * s->row_bytes, s->row_bytes, row);
+        struct stat now;
+        int64_t end = s->offset + (row + 1) * s->row_bytes;
+        if (fstat(s->fd, &now) == 0 && (int64_t)now.st_size >= end) {
+            /* the file is long enough: the page could not be read */
+            char text[700];
+            snprintf(text, sizeof text, "reading row %lld of '%s' failed: %s (a SIGBUS reading "
+                     "its mapped page)", (long long)row, s->path, strerror(EIO));
+            fail(it, ga_ok(), EIO, text);
+        } else {
+            file_ended(it, s, s->offset + row * s->row_bytes, s->row_bytes, row);
+        }
         return -1;
     }
     const file_mapping *m = PyCapsule_GetPointer(s->mapping, GA_MAPPING_CAPSULE);
