@@ -222,6 +222,16 @@ static int64_t vector_image(const normalize_job *job, const uint8_t *src, void *
     }
 }
 
+static int64_t gcd64(int64_t a, int64_t b)
+{
+    while (b) {
+        int64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
 #endif /* GA_HAVE_AVX2_NORMALIZE */
 
 static void normalize_range(void *ctx, int64_t begin, int64_t end)
@@ -242,16 +252,6 @@ static void normalize_range(void *ctx, int64_t begin, int64_t end)
     }
 }
 
-static int64_t gcd64(int64_t a, int64_t b)
-{
-    while (b) {
-        int64_t t = a % b;
-        a = b;
-        b = t;
-    }
-    return a;
-}
-
 /* The vector loops apply to NHWC (or one channel) and to three-channel
  * NCHW images, when the CPU has the instructions and every multiplier and
  * offset is finite (no NaN can come out then, so the bfloat16 bit trick
@@ -261,10 +261,7 @@ static void plan_vectors(normalize_job *job)
     const ga_normalize_desc *d = job->d;
     job->vector = 0;
 #if GA_HAVE_AVX2_NORMALIZE
-    static int has_avx2 = -1;
-    if (has_avx2 < 0)
-        has_avx2 = cpu_has_avx2();
-    if (!has_avx2 || !(!d->nchw || d->c == 1 || d->c == 3))
+    if (!(!d->nchw || d->c == 1 || d->c == 3) || !cpu_has_avx2())
         return;
     for (int64_t ch = 0; ch < d->c; ch++)
         if (!isfinite((float)d->scale[ch]) || !isfinite((float)d->shift[ch]) ||
