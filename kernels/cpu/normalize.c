@@ -258,9 +258,9 @@ static void normalize_range(void *ctx, int64_t begin, int64_t end)
  * rounds exactly like convert.h).  Fills the per-lane tables. */
 static void plan_vectors(normalize_job *job)
 {
-    const ga_normalize_desc *d = job->d;
     job->vector = 0;
 #if GA_HAVE_AVX2_NORMALIZE
+    const ga_normalize_desc *d = job->d;
     if (!(!d->nchw || d->c == 1 || d->c == 3) || !cpu_has_avx2())
         return;
     for (int64_t ch = 0; ch < d->c; ch++)
