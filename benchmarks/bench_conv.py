@@ -14,6 +14,7 @@ import torch
 
 import gpuaccel as ga
 from gpuaccel import bench
+
 from common import machine, print_table
 
 

@@ -12,6 +12,7 @@ import argparse
 import numpy as np
 
 import gpuaccel as ga
+
 from common import machine, print_table, time_per_call_us
 
 

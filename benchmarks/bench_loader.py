@@ -95,7 +95,7 @@ def time_gpuaccel(path, labels, batch, device, batches):
         next(it)
     sync(device)
     start = time.perf_counter()
-    for xb, yb in it:
+    for xb, _ in it:
         done += xb.shape[0]
         if done >= batches * batch:
             break

@@ -16,6 +16,7 @@ import argparse
 import time
 
 import gpuaccel as ga
+
 from common import machine, print_table
 
 

@@ -22,6 +22,7 @@ import torch
 
 import gpuaccel as ga
 from gpuaccel import bench
+
 from common import machine, print_table
 
 H100_PEAK = {"float16": 989.0, "bfloat16": 989.0, "tf32": 494.0}  # dense TFLOP/s, SXM

@@ -29,7 +29,7 @@
 typedef struct {
     uint64_t allocated; /* bytes in live blocks */
     uint64_t peak;
-    uint64_t limit;     /* 0: none */
+    uint64_t limit; /* 0: none */
     uint64_t num_allocs, num_frees, num_ooms;
 } ga_counters;
 
@@ -44,7 +44,7 @@ typedef struct pinned_entry {
 
 static pthread_mutex_t alloc_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t alloc_atfork_once = PTHREAD_ONCE_INIT;
-static ga_counters host_counters;   /* pageable; the CPU limit covers host + pinned */
+static ga_counters host_counters; /* pageable; the CPU limit covers host + pinned */
 static ga_counters pinned_counters;
 static ga_counters device_counters[GA_MAX_DEVICES];
 static int device_pool_used[GA_MAX_DEVICES];
@@ -542,8 +542,7 @@ ga_status ga_block_borrow(int device, void *ptr, size_t size, ga_stream stream, 
     return ga_ok();
 }
 
-ga_block *ga_block_alloc(ga_state *st, ga_mem_kind kind, int device, size_t size,
-                         ga_stream stream)
+ga_block *ga_block_alloc(ga_state *st, ga_mem_kind kind, int device, size_t size, ga_stream stream)
 {
     ga_block *b;
     ga_status status = ga_block_alloc_status(kind, device, size, stream, &b);
@@ -840,16 +839,14 @@ PyObject *ga_py_memory_stats(PyObject *module, PyObject *args, PyObject *kwargs)
         return ga_raise(st, status), NULL;
     char where[32];
     snprintf(where, sizeof where, "cuda:%d", device.index);
-    return Py_BuildValue("{s:s,s:K,s:K,s:K,s:K,s:N,s:K,s:K,s:K,s:K,s:K}", "device", where,
-                         "allocated_bytes", (unsigned long long)c.allocated,
-                         "peak_allocated_bytes", (unsigned long long)c.peak, "reserved_bytes",
-                         (unsigned long long)reserved, "peak_reserved_bytes",
-                         (unsigned long long)reserved_peak, "limit_bytes",
-                         limit_or_none(c.limit), "num_allocs", (unsigned long long)c.num_allocs,
-                         "num_frees", (unsigned long long)c.num_frees, "num_ooms",
-                         (unsigned long long)c.num_ooms, "device_free_bytes",
-                         (unsigned long long)free_b, "device_total_bytes",
-                         (unsigned long long)total_b);
+    return Py_BuildValue(
+        "{s:s,s:K,s:K,s:K,s:K,s:N,s:K,s:K,s:K,s:K,s:K}", "device", where, "allocated_bytes",
+        (unsigned long long)c.allocated, "peak_allocated_bytes", (unsigned long long)c.peak,
+        "reserved_bytes", (unsigned long long)reserved, "peak_reserved_bytes",
+        (unsigned long long)reserved_peak, "limit_bytes", limit_or_none(c.limit), "num_allocs",
+        (unsigned long long)c.num_allocs, "num_frees", (unsigned long long)c.num_frees, "num_ooms",
+        (unsigned long long)c.num_ooms, "device_free_bytes", (unsigned long long)free_b,
+        "device_total_bytes", (unsigned long long)total_b);
 }
 
 PyObject *ga_py_empty_cache(PyObject *module, PyObject *unused)

@@ -23,11 +23,11 @@ typedef enum { GA_MEM_HOST = 0, GA_MEM_PINNED = 1, GA_MEM_DEVICE = 2 } ga_mem_ki
 
 typedef struct {
     ga_mem_kind kind;
-    int device;        /* CUDA ordinal for DEVICE blocks */
+    int device; /* CUDA ordinal for DEVICE blocks */
     void *ptr;
-    size_t size;       /* bytes asked for */
-    size_t capacity;   /* bytes reserved (the pinned size class) */
-    ga_stream stream;  /* DEVICE: the allocation stream */
+    size_t size;      /* bytes asked for */
+    size_t capacity;  /* bytes reserved (the pinned size class) */
+    ga_stream stream; /* DEVICE: the allocation stream */
     /* DEVICE on the per-thread default stream: the allocating thread (each
      * thread's handle 2 names a different stream) */
     uint64_t owner;
@@ -67,8 +67,7 @@ ga_status ga_block_set_ready(ga_block *block, ga_stream stream);
 
 /* Allocates `size` bytes (NULL ptr for 0 bytes).  Raises OutOfMemoryError
  * naming the request, what is in use and the limit; returns NULL then. */
-ga_block *ga_block_alloc(ga_state *st, ga_mem_kind kind, int device, size_t size,
-                         ga_stream stream);
+ga_block *ga_block_alloc(ga_state *st, ga_mem_kind kind, int device, size_t size, ga_stream stream);
 
 /* Before queuing work that uses the block on `stream`: the first time a
  * stream other than the allocation stream uses it, that stream waits (on

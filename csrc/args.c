@@ -41,6 +41,21 @@ int ga_has_attr(PyObject *obj, PyObject *name)
     return rc;
 }
 
+int ga_copy_flag_from_object(PyObject *obj, int *out)
+{
+    if (obj == NULL || obj == Py_None) {
+        *out = -1;
+        return 0;
+    }
+    if (PyBool_Check(obj)) {
+        *out = obj == Py_True;
+        return 0;
+    }
+    PyErr_Format(PyExc_TypeError, "copy must be None, True or False, got %.200s",
+                 ga_type_name(obj));
+    return -1;
+}
+
 int ga_parse_args(const char *func, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
                   const char *const *names, int max_positional, int required, PyObject **values)
 {
@@ -78,5 +93,29 @@ int ga_parse_args(const char *func, PyObject *const *args, Py_ssize_t nargs, PyO
             return -1;
         }
     }
+    return 0;
+}
+
+/* More than any gpuaccel function takes. */
+#define GA_MAX_ARGS 24
+
+int ga_parse_args_into(const char *func, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                       const ga_arg_field *fields, int max_positional, int required, void *out)
+{
+    const char *names[GA_MAX_ARGS + 1];
+    PyObject *values[GA_MAX_ARGS];
+    int n = 0;
+    for (; fields[n].name; n++) {
+        if (n == GA_MAX_ARGS) {
+            PyErr_Format(PyExc_SystemError, "%s() has more than %d arguments", func, GA_MAX_ARGS);
+            return -1;
+        }
+        names[n] = fields[n].name;
+    }
+    names[n] = NULL;
+    if (ga_parse_args(func, args, nargs, kwnames, names, max_positional, required, values) < 0)
+        return -1;
+    for (int k = 0; k < n; k++)
+        *(PyObject **)((char *)out + fields[k].offset) = values[k];
     return 0;
 }

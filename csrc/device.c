@@ -85,8 +85,8 @@ static int raise_bad_device(PyObject *obj, const char *argname)
     return -1;
 }
 
-static int device_from_parts(const char *type, PyObject *index_obj, ga_device *out,
-                             PyObject *obj, const char *argname)
+static int device_from_parts(const char *type, PyObject *index_obj, ga_device *out, PyObject *obj,
+                             const char *argname)
 {
     long index = -1;
     if (index_obj && index_obj != Py_None) {
@@ -124,8 +124,8 @@ static int device_from_str(const char *text, ga_device *out, PyObject *obj, cons
     const char *colon = strchr(text, ':');
     size_t len = colon ? (size_t)(colon - text) : strlen(text);
     if (len == 0 || len >= sizeof type) {
-        PyErr_Format(PyExc_ValueError,
-                     "%s must be 'cpu', 'cuda' or 'cuda:N', got %R", argname, obj);
+        PyErr_Format(PyExc_ValueError, "%s must be 'cpu', 'cuda' or 'cuda:N', got %R", argname,
+                     obj);
         return -1;
     }
     memcpy(type, text, len);
@@ -406,8 +406,8 @@ static int handle_from_object(PyObject *obj, ga_stream *out, const char *argname
     unsigned long long value = PyLong_AsUnsignedLongLong(obj);
     if (value == (unsigned long long)-1 && PyErr_Occurred()) {
         PyErr_Clear();
-        PyErr_Format(PyExc_ValueError, "%s must be a non-negative stream handle, got %R",
-                     argname, obj);
+        PyErr_Format(PyExc_ValueError, "%s must be a non-negative stream handle, got %R", argname,
+                     obj);
         return -1;
     }
     *out = (ga_stream)(uintptr_t)value;
@@ -516,8 +516,7 @@ static PyObject *Stream_wait_stream(StreamObject *self, PyObject *other)
     if (!st)
         return NULL;
     if (!PyObject_TypeCheck(other, st->StreamType)) {
-        PyErr_Format(PyExc_TypeError,
-                     "wait_stream: stream must be a gpuaccel.Stream, got %.200s",
+        PyErr_Format(PyExc_TypeError, "wait_stream: stream must be a gpuaccel.Stream, got %.200s",
                      ga_type_name(other));
         return NULL;
     }
@@ -664,8 +663,8 @@ static PyMethodDef Stream_methods[] = {
      "Makes future work on this stream wait for the event (never blocks the host)."},
     {"wait_stream", (PyCFunction)Stream_wait_stream, METH_O,
      "Makes future work on this stream wait for the work queued so far on another."},
-    {"record_event", (PyCFunction)(void (*)(void))Stream_record_event,
-     METH_VARARGS | METH_KEYWORDS, "record_event(event=None) -> Event"},
+    {"record_event", (PyCFunction)(void (*)(void))Stream_record_event, METH_VARARGS | METH_KEYWORDS,
+     "record_event(event=None) -> Event"},
     {"__enter__", (PyCFunction)Stream_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)Stream_exit, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},
@@ -693,10 +692,7 @@ PyType_Spec ga_stream_spec = {
     .slots = Stream_slots,
 };
 
-/* gpuaccel's current stream of `device` into *out: 1 when a Stream is made
- * current (`with stream:`) for that device, 0 when none is (*out is the
- * legacy default stream), -1 on error. */
-static int current_stream(ga_state *st, int device, ga_stream *out)
+int ga_stream_made_current(ga_state *st, int device, ga_stream *out)
 {
     PyObject *value = NULL;
     if (PyContextVar_Get(st->current_stream, NULL, &value) < 0)
@@ -711,25 +707,7 @@ static int current_stream(ga_state *st, int device, ga_stream *out)
 
 int ga_current_stream(ga_state *st, int device, ga_stream *out)
 {
-    return current_stream(st, device, out) < 0 ? -1 : 0;
-}
-
-int ga_op_default_stream(ga_state *st, int device, int follow_torch, ga_stream *out)
-{
-    int set = current_stream(st, device, out);
-    if (set != 0 || !follow_torch || !st->torch_raw_stream)
-        return set < 0 ? -1 : 0;
-    /* torch is loaded (the operand is a CUDA torch tensor) */
-    PyObject *r = PyObject_CallFunction(st->torch_raw_stream, "i", device);
-    if (!r)
-        return -1;
-    void *handle = PyLong_AsVoidPtr(r);
-    Py_DECREF(r);
-    if (PyErr_Occurred())
-        return -1;
-    /* torch's 0 is the legacy default stream */
-    *out = handle ? (ga_stream)handle : GA_STREAM_LEGACY;
-    return 0;
+    return ga_stream_made_current(st, device, out) < 0 ? -1 : 0;
 }
 
 int ga_stream_from_object(ga_state *st, PyObject *obj, int device, ga_stream *out,
@@ -1096,12 +1074,11 @@ PyObject *ga_py_device_properties(PyObject *module, PyObject *args, PyObject *kw
     GA_CHECK(st, ga_cuda_device_props(device, &p));
     char pci[32];
     snprintf(pci, sizeof pci, "%04x:%02x:%02x.0", p.pci_domain, p.pci_bus, p.pci_device);
-    return Py_BuildValue("{s:s,s:(ii),s:K,s:i,s:i,s:s,s:O,s:O}", "name", p.name,
-                         "compute_capability", p.major, p.minor, "total_memory",
-                         (unsigned long long)p.total_memory, "multiprocessors",
-                         p.multiprocessors, "l2_cache_bytes", p.l2_cache_bytes, "pci_bus_id",
-                         pci, "integrated", p.integrated ? Py_True : Py_False, "managed_memory",
-                         p.managed_memory ? Py_True : Py_False);
+    return Py_BuildValue(
+        "{s:s,s:(ii),s:K,s:i,s:i,s:s,s:O,s:O}", "name", p.name, "compute_capability", p.major,
+        p.minor, "total_memory", (unsigned long long)p.total_memory, "multiprocessors",
+        p.multiprocessors, "l2_cache_bytes", p.l2_cache_bytes, "pci_bus_id", pci, "integrated",
+        p.integrated ? Py_True : Py_False, "managed_memory", p.managed_memory ? Py_True : Py_False);
 error:
     return NULL;
 }

@@ -35,7 +35,7 @@ typedef struct {
 
 typedef struct {
     PyObject_HEAD
-    ga_event handle;  /* created at the first record() */
+    ga_event handle; /* created at the first record() */
     int device;
     int timing;
     int recorded;
@@ -62,11 +62,10 @@ int ga_cuda_usable(void);
  * current with `with`, when it belongs to that device, else the legacy
  * default stream. */
 int ga_current_stream(ga_state *st, int device, ga_stream *out);
-/* The stream an op with stream=None runs on: gpuaccel's current stream
- * when one is set (`with stream:`), else, for an op on torch tensors, torch's
- * current stream (where torch queued the work that wrote them and will
- * queue the work that reads the result), else the legacy default stream. */
-int ga_op_default_stream(ga_state *st, int device, int follow_torch, ga_stream *out);
+/* The same, telling whether a Stream is made current for `device`: 1 when
+ * one is (*out its handle), 0 when none is (*out the legacy default
+ * stream), -1 on error. */
+int ga_stream_made_current(ga_state *st, int device, ga_stream *out);
 
 /* Parses a `stream=` argument: None (current stream of `device`), a Stream,
  * an object with `cuda_stream` (torch.cuda.Stream) or an int handle. */

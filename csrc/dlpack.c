@@ -17,8 +17,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "array.h"
+#include "dlpack.h"
 #include "dlpack_abi.h"
+#include "transfer.h"
 
 static const char *const CAPSULE_VERSIONED = "dltensor_versioned";
 static const char *const CAPSULE_LEGACY = "dltensor";
@@ -35,7 +36,10 @@ static DLDataType dl_dtype(ga_dtype dtype)
     switch (dtype) {
     case GA_BOOL: t.code = kDLBool; break;
     case GA_UINT8: t.code = kDLUInt; break;
-    case GA_INT8: case GA_INT16: case GA_INT32: case GA_INT64: t.code = kDLInt; break;
+    case GA_INT8:
+    case GA_INT16:
+    case GA_INT32:
+    case GA_INT64: t.code = kDLInt; break;
     case GA_BFLOAT16: t.code = kDLBfloat; break;
     default: t.code = kDLFloat; break;
     }
@@ -48,10 +52,16 @@ static int ga_dtype_from_dl(DLDataType t, ga_dtype *out)
         return -1;
     switch (t.code) {
     case kDLBool:
-        if (t.bits == 8) { *out = GA_BOOL; return 0; }
+        if (t.bits == 8) {
+            *out = GA_BOOL;
+            return 0;
+        }
         return -1;
     case kDLUInt:
-        if (t.bits == 8) { *out = GA_UINT8; return 0; }
+        if (t.bits == 8) {
+            *out = GA_UINT8;
+            return 0;
+        }
         return -1;
     case kDLInt:
         switch (t.bits) {
@@ -69,7 +79,10 @@ static int ga_dtype_from_dl(DLDataType t, ga_dtype *out)
         }
         return -1;
     case kDLBfloat:
-        if (t.bits == 16) { *out = GA_BFLOAT16; return 0; }
+        if (t.bits == 16) {
+            *out = GA_BFLOAT16;
+            return 0;
+        }
         return -1;
     }
     return -1;
@@ -84,12 +97,12 @@ typedef struct {
         DLManagedTensor legacy;
         DLManagedTensorVersioned versioned;
     } managed;
-    PyObject *array;     /* the exported Array: keeps the memory alive */
-    ga_block *block;     /* its allocation (borrowed from the array), or NULL */
-    int device;          /* CUDA ordinal, or -1 for host memory */
+    PyObject *array; /* the exported Array: keeps the memory alive */
+    ga_block *block; /* its allocation (borrowed from the array), or NULL */
+    int device;      /* CUDA ordinal, or -1 for host memory */
     int has_consumer_stream;
     ga_stream consumer_stream;
-    int64_t dims[];      /* shape[ndim], then strides[ndim] */
+    int64_t dims[]; /* shape[ndim], then strides[ndim] */
 } export_ctx;
 
 static void export_release(export_ctx *ctx)
@@ -251,7 +264,8 @@ PyObject *ga_array_dlpack(ArrayObject *self, PyObject *const *args, Py_ssize_t n
         return NULL;
     int versioned, copy;
     ga_device target;
-    if (parse_max_version(max_version, &versioned) < 0 || ga_copy_flag_from_object(copy_obj, &copy) < 0 ||
+    if (parse_max_version(max_version, &versioned) < 0 ||
+        ga_copy_flag_from_object(copy_obj, &copy) < 0 ||
         parse_dl_device(st, dl_device, self, &target) < 0)
         return NULL;
 
@@ -573,9 +587,9 @@ static PyObject *call_dlpack(ga_state *st, PyObject *obj)
     }
     /* vectorcall: slot 0 is free for the callee, then self, then kwargs */
     PyObject *call_args[4] = {NULL, obj, st->dlpack_max_version, stream};
-    capsule = PyObject_VectorcallMethod(st->str_dlpack, call_args + 1,
-                                        1 | PY_VECTORCALL_ARGUMENTS_OFFSET,
-                                        stream ? st->kw_max_version_stream : st->kw_max_version);
+    capsule =
+        PyObject_VectorcallMethod(st->str_dlpack, call_args + 1, 1 | PY_VECTORCALL_ARGUMENTS_OFFSET,
+                                  stream ? st->kw_max_version_stream : st->kw_max_version);
     if (!capsule && PyErr_ExceptionMatches(PyExc_TypeError)) {
         PyErr_Clear();
         PyObject *old_args[3] = {NULL, obj, stream};
@@ -595,8 +609,9 @@ ArrayObject *ga_from_dlpack_object(ga_state *st, PyObject *obj)
     if (!capsule)
         return NULL;
     if (!PyCapsule_CheckExact(capsule)) {
-        PyErr_Format(PyExc_TypeError, "from_dlpack: %.200s.__dlpack__() returned a %.200s, not a "
-                                      "capsule",
+        PyErr_Format(PyExc_TypeError,
+                     "from_dlpack: %.200s.__dlpack__() returned a %.200s, not a "
+                     "capsule",
                      ga_type_name(obj), ga_type_name(capsule));
         Py_DECREF(capsule);
         return NULL;
@@ -706,9 +721,9 @@ static int dtype_from_typestr(const char *s, ga_dtype *out)
         const char *code;
         ga_dtype dtype;
     } table[] = {
-        {"b1", GA_BOOL},  {"u1", GA_UINT8},   {"i1", GA_INT8},    {"i2", GA_INT16},
-        {"i4", GA_INT32}, {"i8", GA_INT64},   {"f2", GA_FLOAT16}, {"f4", GA_FLOAT32},
-        {"f8", GA_FLOAT64},
+        {"b1", GA_BOOL},    {"u1", GA_UINT8},   {"i1", GA_INT8},
+        {"i2", GA_INT16},   {"i4", GA_INT32},   {"i8", GA_INT64},
+        {"f2", GA_FLOAT16}, {"f4", GA_FLOAT32}, {"f8", GA_FLOAT64},
     };
     for (size_t k = 0; k < sizeof table / sizeof table[0]; k++) {
         if (strcmp(s + 1, table[k].code) == 0) {
@@ -777,8 +792,8 @@ ArrayObject *ga_from_cuda_array_interface(ga_state *st, PyObject *obj, PyObject 
         if (int64_tuple_from(strides_obj, strides, &nstrides, "strides") < 0)
             return NULL;
         if (nstrides != ndim) {
-            PyErr_Format(PyExc_ValueError,
-                         "__cuda_array_interface__: %d strides for %d dimensions", nstrides, ndim);
+            PyErr_Format(PyExc_ValueError, "__cuda_array_interface__: %d strides for %d dimensions",
+                         nstrides, ndim);
             return NULL;
         }
     }

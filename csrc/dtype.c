@@ -3,14 +3,13 @@
  */
 #include "npy.h"
 
-#include "array.h"
+#include "dtype.h"
 
 static const char *const dtype_names[GA_NUM_DTYPES] = {
-    "bool", "uint8", "int8", "int16", "int32", "int64",
-    "float16", "bfloat16", "float32", "float64",
+    "bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64",
 };
 
-#define ACCEPTED_DTYPES                                                         \
+#define ACCEPTED_DTYPES \
     "bool, uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64"
 
 const char *ga_dtype_name(ga_dtype dtype)
@@ -61,9 +60,7 @@ int ga_dtype_from_numpy_descr(ga_state *st, PyObject *descr_obj, ga_dtype *out)
         return -1;
     Py_ssize_t size = PyDataType_ELSIZE(descr);
     switch (descr->kind) {
-    case 'b':
-        *out = GA_BOOL;
-        return 0;
+    case 'b': *out = GA_BOOL; return 0;
     case 'u':
         if (size == 1) {
             *out = GA_UINT8;
@@ -85,8 +82,7 @@ int ga_dtype_from_numpy_descr(ga_state *st, PyObject *descr_obj, ga_dtype *out)
         case 8: *out = GA_FLOAT64; return 0;
         }
         return -1;
-    default:
-        break;
+    default: break;
     }
     /* ml_dtypes.bfloat16 is a user-defined NumPy type */
     const char *type_name = descr->typeobj ? ((PyTypeObject *)descr->typeobj)->tp_name : "";
@@ -97,7 +93,6 @@ int ga_dtype_from_numpy_descr(ga_state *st, PyObject *descr_obj, ga_dtype *out)
     }
     return -1;
 }
-
 
 int ga_dtype_from_object(ga_state *st, PyObject *obj, ga_dtype *out, const char *argname)
 {
@@ -175,8 +170,8 @@ int ga_numpy_has_bfloat16(ga_state *st)
 PyObject *ga_dtype_to_numpy(ga_state *st, ga_dtype dtype)
 {
     static const int typenums[GA_NUM_DTYPES] = {
-        NPY_BOOL,  NPY_UINT8, NPY_INT8,  NPY_INT16, NPY_INT32,
-        NPY_INT64, NPY_HALF,  -1,        NPY_FLOAT, NPY_DOUBLE,
+        NPY_BOOL,  NPY_UINT8, NPY_INT8, NPY_INT16, NPY_INT32,
+        NPY_INT64, NPY_HALF,  -1,       NPY_FLOAT, NPY_DOUBLE,
     };
     if (dtype == GA_BFLOAT16) {
         PyObject *descr = bfloat16_descr(st);

@@ -36,6 +36,7 @@
 #include <unistd.h>
 
 #include "array.h"
+#include "loader.h"
 
 #define GA_LOADER_MAX_SOURCES 16
 #define GA_LOADER_MAX_THREADS 64
@@ -44,14 +45,14 @@
 
 typedef struct {
     int is_file;
-    const char *base;    /* memory: row 0 */
+    const char *base;   /* memory: row 0 */
     int64_t row_stride; /* memory: bytes from one row to the next */
-    int fd;              /* file */
-    int64_t offset;      /* file: byte offset of row 0 */
-    int64_t file_size;   /* file: size when opened */
-    char path[512];      /* file, for messages */
-    const char *map;     /* file: row 0 in a mapping of it (NULL: read with pread) */
-    PyObject *mapping;   /* file: the capsule holding that mapping (see map_source) */
+    int fd;             /* file */
+    int64_t offset;     /* file: byte offset of row 0 */
+    int64_t file_size;  /* file: size when opened */
+    char path[512];     /* file, for messages */
+    const char *map;    /* file: row 0 in a mapping of it (NULL: read with pread) */
+    PyObject *mapping;  /* file: the capsule holding that mapping (see map_source) */
     int64_t nrows;
     int64_t row_bytes;
     ga_dtype dtype;
@@ -61,14 +62,14 @@ typedef struct {
 
 typedef struct {
     ga_block *pinned[GA_LOADER_MAX_SOURCES]; /* CUDA: host staging, one per source */
-    ga_block *staging;                      /* CUDA + transform: raw rows of source 0 */
-    ga_event copy_start, copied;            /* CUDA: around the batch's copies */
-    int copied_pending;                     /* copied was recorded and not yet waited for */
-    int64_t batch;                          /* the batch held, -1 when free */
+    ga_block *staging;                       /* CUDA + transform: raw rows of source 0 */
+    ga_event copy_start, copied;             /* CUDA: around the batch's copies */
+    int copied_pending;                      /* copied was recorded and not yet waited for */
+    int64_t batch;                           /* the batch held, -1 when free */
     int64_t rows;
     int64_t nchunks, next_chunk, done_chunks;
-    int opening;                            /* a worker is preparing the slot */
-    int ready;                              /* outputs complete (CPU) or queued (CUDA) */
+    int opening; /* a worker is preparing the slot */
+    int ready;   /* outputs complete (CPU) or queued (CUDA) */
     ga_block *out[GA_LOADER_MAX_SOURCES];
 } loader_slot;
 
@@ -104,9 +105,9 @@ typedef struct {
     pid_t owner_pid;   /* the process whose threads these are (see forked()) */
     int consumer_busy; /* a thread is inside next_batch (under mu) */
     int stopping;
-    int closed;        /* (GIL) no batch will be returned any more */
-    int joined;        /* (GIL) the workers are gone */
-    int released;      /* (GIL) the ring's memory is back in the pool */
+    int closed;   /* (GIL) no batch will be returned any more */
+    int joined;   /* (GIL) the workers are gone */
+    int released; /* (GIL) the ring's memory is back in the pool */
     int has_error;
     ga_status error_status; /* GA_OK with error_errno for I/O errors */
     int error_errno;
@@ -135,7 +136,9 @@ static void fail(LoaderIterObject *it, ga_status status, int err, const char *te
         it->error_status = status;
         it->error_errno = err;
         snprintf(it->error_text, sizeof it->error_text, "%s",
-                 text ? text : status.message ? status.message : "unknown error");
+                 text             ? text
+                 : status.message ? status.message
+                                  : "unknown error");
         it->error_status.message = it->error_text;
     }
     it->stopping = 1;
@@ -188,8 +191,8 @@ static int read_file(LoaderIterObject *it, const loader_source *s, char *dst, in
         if (n < 0) {
             int err = errno;
             char text[700];
-            snprintf(text, sizeof text, "reading row %lld of '%s' failed: %s",
-                     (long long)first_row, s->path, strerror(err));
+            snprintf(text, sizeof text, "reading row %lld of '%s' failed: %s", (long long)first_row,
+                     s->path, strerror(err));
             fail(it, ga_ok(), err, text);
             return -1;
         }
@@ -319,8 +322,10 @@ static int gather_mapped(LoaderIterObject *it, const loader_source *s, int64_t f
         if (fstat(s->fd, &now) == 0 && (int64_t)now.st_size >= end) {
             /* the file is long enough: the page could not be read */
             char text[700];
-            snprintf(text, sizeof text, "reading row %lld of '%s' failed: %s (a SIGBUS reading "
-                     "its mapped page)", (long long)row, s->path, strerror(EIO));
+            snprintf(text, sizeof text,
+                     "reading row %lld of '%s' failed: %s (a SIGBUS reading "
+                     "its mapped page)",
+                     (long long)row, s->path, strerror(EIO));
             fail(it, ga_ok(), EIO, text);
         } else {
             file_ended(it, s, s->offset + row * s->row_bytes, s->row_bytes, row);
@@ -337,8 +342,7 @@ static int gather_mapped(LoaderIterObject *it, const loader_source *s, int64_t f
     for (int64_t r = r0; r < r1; r++) {
         row = idx[r];
         last = idx[r] > last ? idx[r] : last;
-        memcpy(dst + (r - r0) * s->row_bytes, s->map + idx[r] * s->row_bytes,
-               (size_t)s->row_bytes);
+        memcpy(dst + (r - r0) * s->row_bytes, s->map + idx[r] * s->row_bytes, (size_t)s->row_bytes);
     }
     atomic_signal_fence(memory_order_seq_cst);
     guard.env = NULL;
@@ -445,8 +449,8 @@ static int open_slot(LoaderIterObject *it, loader_slot *slot, int64_t batch)
         ga_status status = ga_cuda_event_synchronize(it->device.index, slot->copied);
         float ms = 0.0f;
         if (!status.error)
-            status = ga_cuda_event_elapsed_ms(it->device.index, slot->copy_start, slot->copied,
-                                              &ms);
+            status =
+                ga_cuda_event_elapsed_ms(it->device.index, slot->copy_start, slot->copied, &ms);
         if (status.error) {
             fail(it, status, 0, NULL);
             return -1;
@@ -916,9 +920,9 @@ static int allocate_ring(ga_state *st, LoaderIterObject *it, int nslots)
                 return -1;
         }
         if (it->has_transform) {
-            slot->staging = ga_block_alloc(st, GA_MEM_DEVICE, dev,
-                                           (size_t)(it->batch_size * it->src[0].row_bytes),
-                                           it->copy_stream);
+            slot->staging =
+                ga_block_alloc(st, GA_MEM_DEVICE, dev,
+                               (size_t)(it->batch_size * it->src[0].row_bytes), it->copy_stream);
             if (!slot->staging)
                 return -1;
         }
@@ -932,7 +936,7 @@ error:
 
 static PyObject *LoaderIter_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"sources", "indices", "batch_size", "device", "num_threads",
+    static char *kwlist[] = {"sources",  "indices",   "batch_size",  "device",   "num_threads",
                              "prefetch", "transform", "start_batch", "mappings", NULL};
     PyObject *sources, *indices, *device_obj, *transform = Py_None, *mappings = Py_None;
     long long batch_size, start_batch = 0;
@@ -992,8 +996,9 @@ static PyObject *LoaderIter_new(PyTypeObject *type, PyObject *args, PyObject *kw
     for (int64_t k = 0; k < it->nindices; k++) {
         for (int i = 0; i < it->nsources; i++) {
             if (it->indices[k] < 0 || it->indices[k] >= it->src[i].nrows) {
-                PyErr_Format(PyExc_IndexError, "sample index %lld is out of range for array %d "
-                                               "with %lld rows",
+                PyErr_Format(PyExc_IndexError,
+                             "sample index %lld is out of range for array %d "
+                             "with %lld rows",
                              (long long)it->indices[k], i, (long long)it->src[i].nrows);
                 goto error;
             }
@@ -1179,8 +1184,8 @@ static PyObject *take_batch(ga_state *st, LoaderIterObject *it, PyObject *stream
             shape[3] = d->nchw ? w : c; /* NHWC memory: made (N, C, H, W) below */
         }
         int flags = !cuda && it->pinned_out ? GA_ARRAY_PINNED : 0;
-        ArrayObject *arr = ga_array_from_block(st, slot->out[i], dtype, ndim, shape, it->device,
-                                               flags);
+        ArrayObject *arr =
+            ga_array_from_block(st, slot->out[i], dtype, ndim, shape, it->device, flags);
         if (!arr) {
             Py_DECREF(result);
             return NULL;
@@ -1250,9 +1255,9 @@ static PyObject *LoaderIter_stats(LoaderIterObject *it, PyObject *unused)
         "{s:L,s:L,s:L,s:d,s:d,s:d,s:d,s:d,s:i,s:i}", "batches", (long long)it->batches_out,
         "samples", (long long)it->samples_out, "batches_per_epoch", (long long)it->num_batches,
         "elapsed_seconds", elapsed, "samples_per_second",
-        elapsed > 0 ? (double)it->samples_out / elapsed : 0.0, "gather_seconds",
-        it->gather_seconds, "copy_seconds", it->copy_seconds, "consumer_wait_seconds",
-        it->wait_seconds, "threads", it->nthreads, "ring_slots", it->nslots);
+        elapsed > 0 ? (double)it->samples_out / elapsed : 0.0, "gather_seconds", it->gather_seconds,
+        "copy_seconds", it->copy_seconds, "consumer_wait_seconds", it->wait_seconds, "threads",
+        it->nthreads, "ring_slots", it->nslots);
     if (locked)
         pthread_mutex_unlock(&it->mu);
     return r;
@@ -1307,8 +1312,7 @@ static void LoaderIter_dealloc(LoaderIterObject *it)
 }
 
 static PyMethodDef LoaderIter_methods[] = {
-    {"next_batch", (PyCFunction)(void (*)(void))LoaderIter_next_batch,
-     METH_VARARGS | METH_KEYWORDS,
+    {"next_batch", (PyCFunction)(void (*)(void))LoaderIter_next_batch, METH_VARARGS | METH_KEYWORDS,
      "next_batch(stream=None) -> tuple of Arrays; the consumer stream (CUDA) waits for the "
      "batch on the GPU.  StopIteration at the end of the epoch."},
     {"close", (PyCFunction)LoaderIter_close, METH_NOARGS,
@@ -1323,7 +1327,8 @@ static PyGetSetDef LoaderIter_getset[] = {
      "index (in the epoch) of the batch next_batch() returns", NULL},
     {"mappings", (getter)LoaderIter_get_mappings, NULL,
      "per source: the mapping its file is read through (None: pread); pass them to the next "
-     "epoch's iterator, which reuses those still of the same files", NULL},
+     "epoch's iterator, which reuses those still of the same files",
+     NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -6,15 +6,21 @@
 #include "npy.h"
 
 #include "alloc.h"
-#include "array.h"
+#include "array_type.h"
+#include "conv.h"
+#include "create.h"
 #include "device.h"
+#include "dlpack.h"
+#include "dtype.h"
+#include "loader.h"
+#include "logger.h"
+#include "matmul.h"
 #include "module.h"
 #include "ops.h"
 
-PyDoc_STRVAR(cuda_error_doc,
-             "A CUDA runtime call failed.\n\n"
-             ".code is the library's status code, .name its name (e.g. "
-             "'cudaErrorIllegalAddress') and .call the call that failed.");
+PyDoc_STRVAR(cuda_error_doc, "A CUDA runtime call failed.\n\n"
+                             ".code is the library's status code, .name its name (e.g. "
+                             "'cudaErrorIllegalAddress') and .call the call that failed.");
 PyDoc_STRVAR(oom_doc, "An allocation failed: the device (or host) is out of memory, or the "
                       "limit set with gpuaccel.set_memory_limit() would be exceeded.");
 PyDoc_STRVAR(cublas_error_doc, "A cuBLAS / cuBLASLt call failed (.code is a cublasStatus_t).");
@@ -22,8 +28,8 @@ PyDoc_STRVAR(cudnn_error_doc, "A cuDNN call failed (.code is a cudnnStatus_t).")
 
 static PyObject *new_exception(PyObject *module, const char *name, const char *doc, PyObject *bases)
 {
-    PyObject *dict = Py_BuildValue("{s:O,s:O,s:O}", "code", Py_None, "name", Py_None, "call",
-                                   Py_None);
+    PyObject *dict =
+        Py_BuildValue("{s:O,s:O,s:O}", "code", Py_None, "name", Py_None, "call", Py_None);
     if (!dict)
         return NULL;
     char qualified[64];
@@ -221,7 +227,7 @@ static PyMethodDef module_methods[] = {
      "for a device ('cpu' includes the pinned pool).  device=None: the current CUDA device "
      "when CUDA is usable, else the CPU."},
     {"empty_cache", ga_py_empty_cache, METH_NOARGS,
-     "empty_cache()\n\nReturns cached device and pinned memory that no array uses."},
+     "empty_cache()\n\nReturns cached device, pinned and pageable host memory that no array uses."},
     {"set_memory_limit", KW ga_py_set_memory_limit, METH_VARARGS | METH_KEYWORDS,
      "set_memory_limit(limit, device=None)\n\nCaps what gpuaccel may allocate on a device: "
      "bytes (int), a fraction of the device's memory (float in (0, 1]), or None for no "

@@ -1,11 +1,33 @@
 /*
  * module.h — module state and the helpers every csrc/ file uses.
+ *
+ * csrc/ in layers, each .c file with its own header; a file calls only
+ * the files on its own line of this list or above it:
+ *
+ *   module.h, errors.c, args.c   state, the error translator, arguments
+ *   device.c                     devices, streams, events, current stream
+ *   alloc.c                      one allocator per memory kind
+ *   dtype.c                      dtype names and NumPy/torch/PEP 3118 forms
+ *   array.c                      the Array object's core: struct, makers,
+ *                                views, geometry, stream bookkeeping
+ *   transfer.c                   copies, casts, fills, conversions
+ *   dlpack.c                     DLPack and __cuda_array_interface__
+ *   torch.c                      torch tensors without DLPack, torch's stream
+ *   create.c                     asarray, empty / zeros / ones / full
+ *   array_type.c                 the gpuaccel.Array type's methods and slots
+ *   ops.c                        what the ops share: settings, statistics,
+ *                                workspaces, operands, results, streams
+ *   matmul.c, conv.c             the ops: matmul, linear, conv2d, backward
+ *   loader.c, logger.c           PinnedLoader and LossLogger
+ *   module.c                     the module: types, method table
  */
 #ifndef GPUACCEL_MODULE_H
 #define GPUACCEL_MODULE_H
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+
+#include <stddef.h>
 
 #include "../kernels/kernels.h"
 
@@ -24,15 +46,16 @@ typedef struct {
     PyObject *CudnnError;
     PyObject *current_stream; /* contextvars.ContextVar: the Stream made current by `with` */
     PyObject *default_device; /* a Device */
-    PyObject *bfloat16_descr; /* ml_dtypes' bfloat16 NumPy dtype, or Py_None if unavailable; NULL before first use */
-    /* torch, looked up once the user has imported it: its Tensor type and
-     * its dtype objects by gpuaccel dtype (the fast zero-copy path) */
+    /* ml_dtypes' bfloat16 NumPy dtype, or Py_None if unavailable; NULL before first use */
+    PyObject *bfloat16_descr;
+    /* torch, looked up by torch.c once the user has imported it: its Tensor
+     * type, its dtype objects by gpuaccel dtype and its stream lookup */
     PyObject *torch_tensor_type;
     PyObject *torch_dtypes[GA_NUM_DTYPES];
     PyObject *torch_raw_stream; /* torch._C._cuda_getCurrentRawStream, or NULL */
     /* interned names and constants of the DLPack exchange (a hot path) */
-    PyObject *str_dlpack;            /* "__dlpack__" */
-    PyObject *str_dlpack_device;     /* "__dlpack_device__" */
+    PyObject *str_dlpack;        /* "__dlpack__" */
+    PyObject *str_dlpack_device; /* "__dlpack_device__" */
     PyObject *str_cuda_array_interface;
     PyObject *kw_max_version;        /* ("max_version",) */
     PyObject *kw_max_version_stream; /* ("max_version", "stream") */
@@ -63,31 +86,30 @@ int ga_raise(ga_state *st, ga_status status);
 const char *ga_status_text(ga_status status, char *buf, size_t size);
 
 /* Runs `expr` (a ga_status); on failure raises and jumps to `error`. */
-#define GA_CHECK(st, expr)                                                       \
-    do {                                                                        \
-        ga_status ga_status_ = (expr);                                          \
-        if (ga_status_.error) {                                                 \
-            ga_raise((st), ga_status_);                                         \
-            goto error;                                                         \
-        }                                                                       \
+#define GA_CHECK(st, expr)              \
+    do {                                \
+        ga_status ga_status_ = (expr);  \
+        if (ga_status_.error) {         \
+            ga_raise((st), ga_status_); \
+            goto error;                 \
+        }                               \
     } while (0)
 
 /* The same, releasing the GIL around the call (which must touch no Python
  * object). */
-#define GA_CHECK_NOGIL(st, expr)                                                 \
-    do {                                                                        \
-        ga_status ga_status_;                                                   \
-        Py_BEGIN_ALLOW_THREADS ga_status_ = (expr);                             \
-        Py_END_ALLOW_THREADS if (ga_status_.error)                              \
-        {                                                                       \
-            ga_raise((st), ga_status_);                                         \
-            goto error;                                                         \
-        }                                                                       \
+#define GA_CHECK_NOGIL(st, expr)        \
+    do {                                \
+        ga_status ga_status_;           \
+        Py_BEGIN_ALLOW_THREADS          \
+        ga_status_ = (expr);            \
+        Py_END_ALLOW_THREADS            \
+        if (ga_status_.error) {         \
+            ga_raise((st), ga_status_); \
+            goto error;                 \
+        }                               \
     } while (0)
 
-/* Parses METH_FASTCALL arguments by name: `names` is NULL-terminated; the
- * first `max_positional` may come positionally and the first `required`
- * must come.  values[i] is a borrowed reference, or NULL when absent. */
+/* ---- args.c */
 /* The UTF-8 text of a str argument, or NULL (no exception set) when obj is
  * not a str, is not encodable or holds a NUL ("gelu\0x" must not pass for
  * "gelu").  Valid while obj lives. */
@@ -97,8 +119,27 @@ const char *ga_exact_utf8(PyObject *obj);
  * must not pass for "no such interface"); 1 with a new reference. */
 int ga_lookup_attr(PyObject *obj, PyObject *name, PyObject **result);
 int ga_has_attr(PyObject *obj, PyObject *name);
+/* Parses METH_FASTCALL arguments by name: `names` is NULL-terminated; the
+ * first `max_positional` may come positionally and the first `required`
+ * must come.  values[i] is a borrowed reference, or NULL when absent. */
 int ga_parse_args(const char *func, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
                   const char *const *names, int max_positional, int required, PyObject **values);
+/* An argument read into a field of a struct of PyObject pointers: its
+ * name, which GA_ARG makes the field's name too, and the field's offset. */
+typedef struct {
+    const char *name;
+    size_t offset;
+} ga_arg_field;
+/* a brace initializer in a macro, which clang-format 14 splits apart */
+/* clang-format off */
+#define GA_ARG(type, field) {#field, offsetof(type, field)}
+/* clang-format on */
+/* ga_parse_args into the fields of *out that `fields` lists, in their
+ * positional order and ended by {NULL, 0}. */
+int ga_parse_args_into(const char *func, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                       const ga_arg_field *fields, int max_positional, int required, void *out);
+/* Parses copy=None/True/False (NULL: None) into -1/1/0. */
+int ga_copy_flag_from_object(PyObject *obj, int *out);
 
 /* Work smaller than this runs with the GIL held: releasing it costs more. */
 #define GA_NOGIL_THRESHOLD_BYTES (256 * 1024)

@@ -1,23 +1,163 @@
 /*
- * ops.h — the compute ops' module functions (csrc/ops.c).
+ * ops.h — what the compute ops (matmul.c, conv.c) share (csrc/ops.c): the
+ * settings that steer the backends, call statistics, workspaces, and the
+ * opening every op starts with — its array operands loaded and checked
+ * together, and the stream it runs on — with the helpers for its results.
  */
 #ifndef GPUACCEL_OPS_H
 #define GPUACCEL_OPS_H
 
-#include "module.h"
+#include "array.h"
 
-PyObject *ga_py_matmul(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kw);
-PyObject *ga_py_linear(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kw);
-PyObject *ga_py_linear_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
-                                PyObject *kw);
-PyObject *ga_py_conv2d(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kw);
-PyObject *ga_py_conv2d_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
-                                PyObject *kw);
+/* ---- settings: set_matmul_precision("high"), set_deterministic(True) */
+int ga_op_allow_tf32(void);
+int ga_op_deterministic(void);
+
 PyObject *ga_py_set_matmul_precision(PyObject *module, PyObject *arg);
 PyObject *ga_py_get_matmul_precision(PyObject *module, PyObject *unused);
 PyObject *ga_py_set_deterministic(PyObject *module, PyObject *arg);
 PyObject *ga_py_get_deterministic(PyObject *module, PyObject *unused);
-PyObject *ga_py_matmul_stats(PyObject *module, PyObject *unused);
-PyObject *ga_py_conv_stats(PyObject *module, PyObject *unused);
+
+/* ---- statistics (matmul_stats(), conv_stats()) */
+typedef struct {
+    uint64_t calls, cpu_calls, cuda_calls, fused, fallback, tuned, tuning_reused;
+} ga_op_counters;
+
+/* Counts a call on the CPU or, with what the backend reported, on CUDA. */
+void ga_op_count(ga_op_counters *counters, int cuda, const ga_op_report *report);
+/* The counters and the backend's plan-cache hits and misses as a dict. */
+PyObject *ga_op_counters_dict(const ga_op_counters *counters, uint64_t plan_hits,
+                              uint64_t plan_misses);
+
+/* ---- workspaces */
+/* Device scratch memory of at least `size` bytes for work queued on
+ * `stream`: one block per (device, stream), reused in that stream's order.
+ * NULL with an exception (OutOfMemoryError when short of memory). */
+void *ga_op_workspace(ga_state *st, int device, ga_stream stream, size_t size);
+
+/* ---- the opening */
+#define GA_OP_MAX_OPERANDS 4
+
+enum {
+    GA_OPERAND_LEAD = 1 << 0,      /* floating; its device and dtype are the op's */
+    GA_OPERAND_OPTIONAL = 1 << 1,  /* absent when its value is NULL or None */
+    GA_OPERAND_ANY_DTYPE = 1 << 2, /* need not have the lead's dtype */
+};
+
+/* An array operand as the op was given it. */
+typedef struct {
+    const char *name;    /* the argument's name, for messages */
+    PyObject *value;     /* what was passed */
+    ArrayObject **array; /* where the loaded Array goes (NULL when absent) */
+    int flags;           /* GA_OPERAND_... */
+} ga_operand;
+
+/* An op under way: its operands (owned through their `array` pointers) and
+ * the stream it runs on. */
+typedef struct {
+    const char *name; /* "matmul", ...: names the op in messages */
+    ga_operand operands[GA_OP_MAX_OPERANDS];
+    int noperands;
+    ga_device device;             /* where it runs: its lead operand's device */
+    ga_stream stream;             /* CUDA: the stream it runs on */
+    const ga_stream *cuda_stream; /* &stream for a CUDA op, NULL for a CPU op */
+    PyObject *stream_obj;         /* the stream as an object for copies (None on the CPU) */
+} ga_op;
+
+/* Loads an op's operands without copying (Arrays, torch tensors, anything
+ * that exports DLPack or __cuda_array_interface__), checks that they are on
+ * one device and share the lead's floating dtype, and picks the stream:
+ * `stream=` when given, else gpuaccel's current stream when one is set
+ * (`with stream:`), else torch's current stream for torch tensors, else
+ * the legacy default stream.  Call ga_op_end afterwards, on failure too. */
+int ga_op_begin(ga_state *st, ga_op *op, const char *name, const ga_operand *operands, int n,
+                PyObject *stream_obj);
+/* Releases the operands (what their `array` pointers hold then) and the
+ * stream object. */
+void ga_op_end(ga_op *op);
+
+/* ---- the opening of the ops with weights */
+/* linear or conv2d: what it is asked for, its operands and results. */
+typedef struct {
+    ga_op op;
+    ga_activation act;
+    int save; /* save_preactivation */
+    ArrayObject *x, *weight, *bias;
+    ArrayObject *x_read, *weight_read; /* x and weight as the kernels read them */
+    ArrayObject *y, *z;                /* the output, and the pre-activation when kept (gelu) */
+} ga_forward;
+
+/* Reads save_preactivation (False when absent) and the activation.  On
+ * failure nothing is held. */
+int ga_forward_parse(ga_forward *f, const char *name, PyObject *save_preactivation,
+                     PyObject *activation);
+/* ga_op_begin with x (the lead), weight and bias (optional). */
+int ga_forward_begin(ga_state *st, ga_forward *f, PyObject *x, PyObject *weight, PyObject *bias,
+                     PyObject *stream_obj);
+/* y, or with save_preactivation (y, aux), aux being the pre-activation z
+ * for gelu, y itself for relu (relu'(z) is y > 0) and None without an
+ * activation. */
+PyObject *ga_forward_result(const ga_forward *f);
+/* Releases the operands, the results and the op. */
+void ga_forward_end(ga_forward *f);
+
+/* linear_backward or conv2d_backward: the same. */
+typedef struct {
+    ga_op op;
+    ga_activation act;
+    int need_x, need_w, need_b; /* needs_input_grad, needs_weight_grad, needs_bias_grad */
+    PyObject *outs[3];          /* out=(grad_x, grad_weight, grad_bias); NULL: allocate */
+    ArrayObject *grad_y, *x, *weight, *aux; /* aux: what act's derivative reads, or NULL */
+    ArrayObject *grad_x, *grad_weight, *grad_bias;
+} ga_backward;
+
+/* Reads out= (a tuple of arrays, or of None to let gpuaccel allocate that
+ * one), the needs_*_grad flags (True when absent) and the activation.  On
+ * failure nothing is held. */
+int ga_backward_parse(ga_backward *b, const char *name, PyObject *out, PyObject *needs_input_grad,
+                      PyObject *needs_weight_grad, PyObject *needs_bias_grad, PyObject *activation);
+/* ga_op_begin with grad_y, x (the lead), weight and aux (NULL: none). */
+int ga_backward_begin(ga_state *st, ga_backward *b, PyObject *grad_y, PyObject *x, PyObject *weight,
+                      PyObject *aux, PyObject *stream_obj);
+/* (grad_x, grad_weight, grad_bias), None for those not asked for. */
+PyObject *ga_backward_result(const ga_backward *b);
+/* Releases the operands, the results and the op. */
+void ga_backward_end(ga_backward *b);
+
+/* ---- arguments */
+/* None, 'relu' or 'gelu'. */
+int ga_op_activation(PyObject *obj, ga_activation *out, const char *op);
+/* A truth value, `default_value` when absent; -1 with an exception. */
+int ga_op_flag(PyObject *obj, int default_value);
+
+/* ---- operands and results */
+/* An operand the backend can describe: element strides (a copy, on the
+ * op's stream, otherwise). */
+ArrayObject *ga_op_describable(ga_state *st, const ga_op *op, ArrayObject *a);
+/* The kernels read a bias as a dense vector: a strided one (a view with a
+ * step, reversed, broadcast) is replaced by a copy. */
+int ga_op_dense_bias(ga_state *st, const ga_op *op, ArrayObject **bias);
+/* A new contiguous array on the op's device and stream. */
+ArrayObject *ga_op_empty(ga_state *st, const ga_op *op, ga_dtype dtype, int ndim,
+                         const int64_t *shape);
+/* A new contiguous array, or `out_obj` (NULL/None: none) checked against
+ * what the op writes. */
+ArrayObject *ga_op_result(ga_state *st, const ga_op *op, PyObject *out_obj, ga_dtype dtype,
+                          int ndim, const int64_t *shape);
+/* A backward op's grad_bias (`channels` long): new, or `out_obj` checked,
+ * which must be contiguous too (the kernels write it densely). */
+ArrayObject *ga_op_bias_grad_result(ga_state *st, const ga_op *op, PyObject *out_obj,
+                                    ga_dtype dtype, int64_t channels);
+/* Around the op's CUDA work on arrays (NULL entries skipped; nothing on the
+ * CPU): the first use of gpuaccel memory on a new stream waits for its
+ * allocation, and the uses are recorded for frees and reuses to wait on. */
+int ga_op_prepare(ga_state *st, const ga_op *op, ArrayObject *const *arrays, int n);
+int ga_op_record(ga_state *st, const ga_op *op, ArrayObject *const *arrays, int n);
+/* dz = grad * act'(aux) (grad itself without an activation), with the
+ * bias gradient (the sum over every dim but channel_dim) into bias_grad
+ * when given, in one pass. */
+ArrayObject *ga_op_activation_grad(ga_state *st, const ga_op *op, ArrayObject *grad,
+                                   ArrayObject *aux, ga_activation act, ArrayObject *bias_grad,
+                                   int channel_dim);
 
 #endif

@@ -1,14 +1,14 @@
 /*
  * transfer.c — moving values between arrays: any pair of devices, any pair
- * of dtypes, any strides.  Every copy, cast, transfer and fill of the
- * package goes through here, which picks the kernel (kernels/cpu or
+ * of dtypes, any strides.  Every copy, cast, transfer, conversion and fill
+ * of the package goes through here, which picks the kernel (kernels/cpu or
  * kernels/cuda), the stream, the staging buffers and the waits.
  */
 #include "npy.h"
 
 #include <string.h>
 
-#include "array.h"
+#include "transfer.h"
 
 /* A temporary buffer (not a Python object) described as a tensor. */
 typedef struct {
@@ -16,8 +16,8 @@ typedef struct {
     ga_tensor t;
 } temp_buffer;
 
-static int temp_alloc(ga_state *st, temp_buffer *buf, ga_mem_kind kind, int device,
-                      ga_dtype dtype, int ndim, const int64_t *shape, ga_stream stream)
+static int temp_alloc(ga_state *st, temp_buffer *buf, ga_mem_kind kind, int device, ga_dtype dtype,
+                      int ndim, const int64_t *shape, ga_stream stream)
 {
     int64_t numel = 1;
     for (int d = 0; d < ndim; d++)
@@ -29,12 +29,8 @@ static int temp_alloc(ga_state *st, temp_buffer *buf, ga_mem_kind kind, int devi
     buf->t.data = buf->block->ptr;
     buf->t.dtype = dtype;
     buf->t.ndim = ndim;
-    int64_t stride = (int64_t)itemsize;
-    for (int d = ndim - 1; d >= 0; d--) {
-        buf->t.shape[d] = shape[d];
-        buf->t.strides[d] = stride;
-        stride *= shape[d] > 0 ? shape[d] : 1;
-    }
+    memcpy(buf->t.shape, shape, (size_t)ndim * sizeof(int64_t));
+    ga_contiguous_strides(ndim, shape, (int64_t)itemsize, buf->t.strides);
     return 0;
 }
 
@@ -77,19 +73,13 @@ static int cpu_copy(ga_state *st, const ga_tensor *dst, const ga_tensor *src)
 {
     ga_status status;
     if (tensor_nbytes(dst) >= GA_NOGIL_THRESHOLD_BYTES) {
-        Py_BEGIN_ALLOW_THREADS status = ga_cpu_copy(dst, src);
+        Py_BEGIN_ALLOW_THREADS
+        status = ga_cpu_copy(dst, src);
         Py_END_ALLOW_THREADS
     } else {
         status = ga_cpu_copy(dst, src);
     }
     return status.error ? ga_raise(st, status) : 0;
-}
-
-int ga_array_prepare_stream(ga_state *st, ArrayObject *a, ga_stream stream)
-{
-    if (a->device.type != GA_DEVICE_CUDA)
-        return 0;
-    return ga_block_prepare_use(st, a->block, a->device.index, stream);
 }
 
 /* host -> device */
@@ -102,8 +92,7 @@ static int copy_host_to_device(ga_state *st, ArrayObject *dst, ArrayObject *src,
     if (ga_array_prepare_stream(st, dst, stream) < 0)
         return -1;
     const ga_tensor *source = &s;
-    if (!((src->flags & GA_ARRAY_PINNED) && src->dtype == dst->dtype &&
-          tensor_is_contiguous(&s))) {
+    if (!((src->flags & GA_ARRAY_PINNED) && src->dtype == dst->dtype && tensor_is_contiguous(&s))) {
         /* pageable, strided or another dtype: convert on the host straight
          * into a pinned buffer, so that the copy itself can be async */
         if (temp_alloc(st, &staging, GA_MEM_PINNED, -1, dst->dtype, d.ndim, d.shape, NULL) < 0 ||
@@ -150,12 +139,12 @@ static int copy_device_to_host(ga_state *st, ArrayObject *dst, ArrayObject *src,
         source = &device_tmp.t;
     }
     int direct = src->dtype == dst->dtype && tensor_is_contiguous(&d);
-    if (!direct && temp_alloc(st, &staging, GA_MEM_PINNED, -1, src->dtype, s.ndim, s.shape,
-                              NULL) < 0)
+    if (!direct &&
+        temp_alloc(st, &staging, GA_MEM_PINNED, -1, src->dtype, s.ndim, s.shape, NULL) < 0)
         goto done;
     void *landing = direct ? d.data : staging.t.data;
-    GA_CHECK(st, ga_cuda_memcpy_async(device, landing, source->data,
-                                      (size_t)tensor_nbytes(source), stream));
+    GA_CHECK(st, ga_cuda_memcpy_async(device, landing, source->data, (size_t)tensor_nbytes(source),
+                                      stream));
     if (ga_array_record_stream(st, src, stream) < 0)
         goto done;
     GA_CHECK_NOGIL(st, ga_cuda_stream_synchronize(device, stream));
@@ -185,16 +174,16 @@ static int copy_device_to_device(ga_state *st, ArrayObject *dst, ArrayObject *sr
         return -1;
     const ga_tensor *source = &s;
     if (!tensor_is_contiguous(&s) || src->dtype != dst->dtype) {
-        if (temp_alloc(st, &src_tmp, GA_MEM_DEVICE, sdev, dst->dtype, s.ndim, s.shape,
-                       src_stream) < 0)
+        if (temp_alloc(st, &src_tmp, GA_MEM_DEVICE, sdev, dst->dtype, s.ndim, s.shape, src_stream) <
+            0)
             goto done;
         GA_CHECK(st, ga_cuda_copy(sdev, &src_tmp.t, &s, src_stream));
         source = &src_tmp.t;
     }
     const ga_tensor *target = &d;
     if (!tensor_is_contiguous(&d)) {
-        if (temp_alloc(st, &dst_tmp, GA_MEM_DEVICE, ddev, dst->dtype, d.ndim, d.shape,
-                       dst_stream) < 0)
+        if (temp_alloc(st, &dst_tmp, GA_MEM_DEVICE, ddev, dst->dtype, d.ndim, d.shape, dst_stream) <
+            0)
             goto done;
         target = &dst_tmp.t;
     }
@@ -280,6 +269,29 @@ ArrayObject *ga_array_copy_to(ga_state *st, ArrayObject *src, ga_device device, 
     return dst;
 }
 
+ArrayObject *ga_array_convert(ga_state *st, ArrayObject *arr, int fresh, const ga_dtype *dtype,
+                              const ga_device *device, int copy, PyObject *stream_obj)
+{
+    ga_dtype want_dtype = dtype ? *dtype : arr->dtype;
+    ga_device want_device = device ? *device : arr->device;
+    int convert = want_dtype != arr->dtype || !ga_device_equal(want_device, arr->device);
+    if (convert && copy == 0) {
+        char have[32], want[32];
+        PyErr_Format(PyExc_ValueError,
+                     "asarray: copy=False, but turning %s %s into %s %s needs a copy",
+                     ga_dtype_name(arr->dtype), ga_device_str(arr->device, have, sizeof have),
+                     ga_dtype_name(want_dtype), ga_device_str(want_device, want, sizeof want));
+        Py_DECREF(arr);
+        return NULL;
+    }
+    if (convert || (copy == 1 && !fresh)) {
+        ArrayObject *copied = ga_array_copy_to(st, arr, want_device, want_dtype, 0, stream_obj);
+        Py_DECREF(arr);
+        return copied;
+    }
+    return arr;
+}
+
 int ga_scalar_from_object(PyObject *obj, ga_scalar *out, const char *argname)
 {
     out->is_integer = 0;
@@ -332,7 +344,8 @@ int ga_array_fill(ga_state *st, ArrayObject *dst, PyObject *value)
             return -1;
         ga_status status;
         if (tensor_nbytes(&t) >= GA_NOGIL_THRESHOLD_BYTES) {
-            Py_BEGIN_ALLOW_THREADS status = ga_cpu_fill(&t, scalar);
+            Py_BEGIN_ALLOW_THREADS
+            status = ga_cpu_fill(&t, scalar);
             Py_END_ALLOW_THREADS
         } else {
             status = ga_cpu_fill(&t, scalar);

@@ -12,7 +12,7 @@ from ._libs import preload_cuda_libraries as _preload_cuda_libraries
 _preload_cuda_libraries()
 
 try:
-    from . import _C
+    from . import _C  # noqa: F401 - only to tell a missing extension from a broken one
 except ImportError as _exc:  # pragma: no cover - depends on the install
     _here = _os.path.dirname(_os.path.abspath(__file__))
     if not any(name.startswith("_C.") for name in _os.listdir(_here)):
@@ -41,10 +41,10 @@ from ._C import (  # noqa: E402
     bfloat16,
     bool_,
     build_info,
+    built_with_cuda,
     conv2d,
     conv2d_backward,
     conv_stats,
-    built_with_cuda,
     cuda_available,
     current_stream,
     default_device,
@@ -77,7 +77,6 @@ from ._C import (  # noqa: E402
     uint8,
     zeros,
 )
-
 from .loader import ImageNormalize, PinnedLoader  # noqa: E402
 from .logger import LossLogger, NonFiniteError  # noqa: E402
 
@@ -87,10 +86,13 @@ DTYPES = (bool_, uint8, int8, int16, int32, int64, float16, bfloat16, float32, f
 
 __all__ = [
     "Array", "CublasError", "CudaError", "CudnnError", "DTYPES", "Device", "Event", "MAX_NDIM",
-    "ImageNormalize", "LossLogger", "NonFiniteError", "OutOfMemoryError", "PinnedLoader", "Stream", "asarray", "bfloat16", "bool_", "build_info", "built_with_cuda",
-    "conv2d", "conv2d_backward", "conv_stats", "cuda_available", "current_stream", "default_device", "device_count", "device_properties",
+    "ImageNormalize", "LossLogger", "NonFiniteError", "OutOfMemoryError", "PinnedLoader", "Stream", "asarray",
+    "bfloat16", "bool_", "build_info", "built_with_cuda",
+    "conv2d", "conv2d_backward", "conv_stats", "cuda_available", "current_stream", "default_device", "device_count",
+    "device_properties",
     "empty", "empty_cache", "float16", "float32", "float64", "from_dlpack", "full",
     "get_deterministic", "get_matmul_precision", "int8", "int16", "int32", "int64", "linear",
-    "linear_backward", "matmul", "matmul_stats", "memory_stats", "ones", "set_default_device", "set_deterministic", "set_matmul_precision", "set_memory_limit",
+    "linear_backward", "matmul", "matmul_stats", "memory_stats", "ones", "set_default_device", "set_deterministic",
+    "set_matmul_precision", "set_memory_limit",
     "synchronize", "uint8", "zeros",
 ]

@@ -2,7 +2,7 @@
 processes): a small JSON file under $GPUACCEL_CACHE_DIR (default
 ~/.cache/gpuaccel), one entry per GPU model, cuDNN version and call shape.
 
-csrc/ops.c looks a choice up before each cuDNN call and stores the one a
+csrc/conv.c looks a choice up before each cuDNN call and stores the one a
 tuning call picked.  A corrupt or unreadable file is ignored with a warning
 and rewritten.  Processes that tune at once (the ranks of a DDP job) merge
 their entries: each write re-reads the file under a lock file, adds its own

@@ -241,8 +241,8 @@ def _table(results, device):
         ratio = results["gpuaccel"]["images_per_s"] / results["torch"]["images_per_s"]
         rows[0][1].append("%.2fx" % ratio)
     width = max(len(r[0]) for r in rows)
-    lines = ["", "Side by side on %s (chance is 10%%):" % device,
-             "  %-*s  %s" % (width, "", "  ".join("%-12s" % n for n in names) + ("  gpuaccel/torch" if len(names) == 2 else ""))]
+    header = "  ".join("%-12s" % n for n in names) + ("  gpuaccel/torch" if len(names) == 2 else "")
+    lines = ["", "Side by side on %s (chance is 10%%):" % device, "  %-*s  %s" % (width, "", header)]
     for label, cells in rows:
         lines.append("  %-*s  %s" % (width, label, "  ".join("%-12s" % c for c in cells)))
     return "\n".join(lines)
@@ -258,7 +258,8 @@ def main(argv=None):
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", choices=["gpuaccel", "torch"], help="train one side only")
-    parser.add_argument("--data", default=None, help="dataset folder (default: $GPUACCEL_CACHE_DIR or ~/.cache/gpuaccel)")
+    parser.add_argument("--data", default=None,
+                        help="dataset folder (default: $GPUACCEL_CACHE_DIR or ~/.cache/gpuaccel)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)

@@ -178,10 +178,12 @@ def report(facts, findings):
     lines.append("  system      %s, Python %s, NumPy %s" % (facts["os"], facts["python"], facts["numpy"]))
     lines.append("  torch       %s (CUDA %s, cuDNN %s)" % (facts["torch"] or "not installed", facts["torch_cuda"],
                                                          facts["torch_cudnn"]))
-    lines.append("  driver      %s, supports CUDA %s" % (facts["driver_version"] or "none", _vstr(facts["driver_cuda"])))
+    lines.append("  driver      %s, supports CUDA %s" % (facts["driver_version"] or "none",
+                                                         _vstr(facts["driver_cuda"])))
     if facts["gpuaccel_built_with_cuda"]:
         lines.append("  gpuaccel    %s, CUDA %s runtime (static), kernels for sm_%s" % (
-            facts["gpuaccel"], _vstr(facts["gpuaccel_cuda_runtime"]), ", sm_".join(map(str, facts["gpuaccel_cuda_archs"]))))
+            facts["gpuaccel"], _vstr(facts["gpuaccel_cuda_runtime"]),
+            ", sm_".join(map(str, facts["gpuaccel_cuda_archs"]))))
         lines.append("  cuBLASLt    %s loaded (built %s)  %s" % (facts["cublaslt_loaded"], facts["cublaslt_built"],
                                                                   facts["cublaslt_library"]))
         lines.append("  cuDNN       %s loaded (built %s)  %s" % (facts["cudnn_loaded"], facts["cudnn_built"],
@@ -189,9 +191,9 @@ def report(facts, findings):
     else:
         lines.append("  gpuaccel    %s, CPU-only build" % facts["gpuaccel"])
     for gpu in facts["gpus"]:
-        lines.append("  cuda:%d      %s, sm_%d%d, %.1f GiB, %d SMs" % (gpu["index"], gpu["name"], gpu["compute_capability"][0],
-                                                                   gpu["compute_capability"][1], gpu["memory_gib"],
-                                                                   gpu["multiprocessors"]))
+        lines.append("  cuda:%d      %s, sm_%d%d, %.1f GiB, %d SMs" % (
+            gpu["index"], gpu["name"], gpu["compute_capability"][0], gpu["compute_capability"][1],
+            gpu["memory_gib"], gpu["multiprocessors"]))
     if not facts["gpus"]:
         lines.append("  GPUs        none visible")
     lines.append("")
@@ -202,7 +204,8 @@ def report(facts, findings):
             lines.append("           fix: %s" % fix)
     errors = sum(1 for level, _, _ in findings if level == ERROR)
     lines.append("")
-    lines.append("  %s" % ("consistent: nothing to fix" if not errors else "%d problem%s to fix" % (errors, "s" * (errors > 1))))
+    lines.append("  %s" % ("consistent: nothing to fix" if not errors
+                           else "%d problem%s to fix" % (errors, "s" * (errors > 1))))
     return "\n".join(lines)
 
 
@@ -215,8 +218,9 @@ def main(argv=None):
     facts = collect()
     findings = diagnose(facts)
     if args.json:
-        print(json.dumps({"facts": facts, "findings": [{"level": l, "finding": w, "fix": x} for l, w, x in findings],
-                          "consistent": not any(l == ERROR for l, _, _ in findings)}, indent=2))
+        print(json.dumps({"facts": facts,
+                          "findings": [{"level": level, "finding": what, "fix": fix} for level, what, fix in findings],
+                          "consistent": not any(level == ERROR for level, _, _ in findings)}, indent=2))
     else:
         print(report(facts, findings))
     return 1 if any(level == ERROR for level, _, _ in findings) else 0

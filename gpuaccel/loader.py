@@ -80,7 +80,8 @@ def _float_list(value, name):
     try:
         out = [float(v) for v in values]
     except (TypeError, ValueError):
-        raise TypeError("ImageNormalize: %s must be a number or a sequence of numbers, got %r" % (name, value)) from None
+        raise TypeError("ImageNormalize: %s must be a number or a sequence of numbers, got %r"
+                        % (name, value)) from None
     if not out:
         raise ValueError("ImageNormalize: %s is empty" % name)
     return out
@@ -101,12 +102,14 @@ def _npy_source(path, index):
             raise ValueError("arrays[%d]: %r is not a readable .npy file: %s" % (index, path, e)) from None
         offset = f.tell()
     if len(shape) < 1:
-        raise ValueError("arrays[%d]: %r holds a 0-d array; the loader needs a first (sample) dimension" % (index, path))
+        raise ValueError("arrays[%d]: %r holds a 0-d array; the loader needs a first (sample) dimension"
+                         % (index, path))
     if fortran and len(shape) > 1:
         raise ValueError("arrays[%d]: %r is stored in Fortran order; re-save it in C order "
                          "(np.save(path, np.ascontiguousarray(a)))" % (index, path))
     if dtype.hasobject or not dtype.isnative:
-        raise ValueError("arrays[%d]: %r has dtype %s; the loader reads native-endian numeric data" % (index, path, dtype))
+        raise ValueError("arrays[%d]: %r has dtype %s; the loader reads native-endian numeric data"
+                         % (index, path, dtype))
     _check_dtype(dtype, index)
     needed = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     size = os.path.getsize(path)
@@ -247,7 +250,8 @@ class PinnedLoader:
             raise ValueError("batch_size must be a positive int, got %r" % (batch_size,))
         self.batch_size = int(batch_size)
         if num_threads is None:
-            num_threads = max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+            cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+            num_threads = max(1, min(8, cpus))
         if not isinstance(num_threads, int) or isinstance(num_threads, bool) or not 1 <= num_threads <= 64:
             raise ValueError("num_threads must be an int from 1 to 64, got %r" % (num_threads,))
         if not isinstance(prefetch, int) or isinstance(prefetch, bool) or not 0 <= prefetch <= 64:

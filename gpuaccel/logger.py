@@ -6,7 +6,7 @@ The training loop calls ``log.log(loss=loss)`` every step instead of
 the stream that produced it (torch's current stream); every `every` steps
 the window's values travel to pinned host memory by an async copy, and they
 reach ``on_log`` (and ``progress``, ``latest()``, ``history()``) a few steps
-later, once that copy has completed.  The native part is csrc/losslog.c.
+later, once that copy has completed.  The native part is csrc/logger.c.
 """
 
 import math

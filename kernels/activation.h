@@ -13,6 +13,11 @@
 
 #include "kernels.h"
 
+GA_HD int ga_activation_is_valid(ga_activation act)
+{
+    return act == GA_ACT_NONE || act == GA_ACT_RELU || act == GA_ACT_GELU;
+}
+
 #define GA_GELU_SQRT_2_OVER_PI 0.7978845608028654
 #define GA_GELU_COEFF 0.044715
 

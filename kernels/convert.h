@@ -34,8 +34,7 @@ GA_HD int ga_clz64(uint64_t x)
 /* Round sign * m * 2^exp2 to a binary16-like format with `frac_bits`
  * fraction bits and exponent bias `bias` (float16: 10, 15; bfloat16: 7, 127),
  * nearest even. */
-GA_HD uint16_t ga_round_to_small_float(uint32_t sign, uint64_t m, int exp2, int frac_bits,
-                                       int bias)
+GA_HD uint16_t ga_round_to_small_float(uint32_t sign, uint64_t m, int exp2, int frac_bits, int bias)
 {
     const uint32_t inf = (uint32_t)(2 * bias + 1) << frac_bits;
     const int min_exp = 1 - bias;
@@ -60,8 +59,7 @@ GA_HD uint16_t ga_round_to_small_float(uint32_t sign, uint64_t m, int exp2, int 
     }
     /* Normal numbers: the implicit leading bit of q carries into the
      * exponent field, so a rounding overflow lands on the next binade. */
-    uint32_t h = e >= min_exp ? ((uint32_t)(e + bias - 1) << frac_bits) + (uint32_t)q
-                              : (uint32_t)q;
+    uint32_t h = e >= min_exp ? ((uint32_t)(e + bias - 1) << frac_bits) + (uint32_t)q : (uint32_t)q;
     if (h > inf)
         h = inf;
     return (uint16_t)(sign | h);
@@ -103,8 +101,8 @@ GA_HD double ga_f16_to_f64(uint16_t h)
     if (exp == 0) {
         v = (double)mant * 5.9604644775390625e-08; /* 2^-24, exact */
     } else if (exp == 31) {
-        uint64_t bits = mant ? 0x7ff8000000000000ull | ((uint64_t)mant << 42)
-                             : 0x7ff0000000000000ull;
+        uint64_t bits =
+            mant ? 0x7ff8000000000000ull | ((uint64_t)mant << 42) : 0x7ff0000000000000ull;
         memcpy(&v, &bits, sizeof v);
     } else {
         uint64_t bits = ((uint64_t)(exp - 15 + 1023) << 52) | ((uint64_t)mant << 42);
@@ -121,8 +119,14 @@ GA_HD double ga_bf16_to_f64(uint16_t h)
     return (double)f;
 }
 
-GA_HD uint16_t ga_f64_to_f16(double d) { return ga_f64_to_small_float(d, 10, 15); }
-GA_HD uint16_t ga_f64_to_bf16(double d) { return ga_f64_to_small_float(d, 7, 127); }
+GA_HD uint16_t ga_f64_to_f16(double d)
+{
+    return ga_f64_to_small_float(d, 10, 15);
+}
+GA_HD uint16_t ga_f64_to_bf16(double d)
+{
+    return ga_f64_to_small_float(d, 7, 127);
+}
 
 GA_HD int64_t ga_f64_to_int_saturating(double d, int64_t lo, int64_t hi)
 {
@@ -143,12 +147,37 @@ typedef struct {
     double f;
 } ga_value;
 
-GA_HD uint16_t ga_ld16(const void *p) { uint16_t t; memcpy(&t, p, 2); return t; }
-GA_HD uint32_t ga_ld32(const void *p) { uint32_t t; memcpy(&t, p, 4); return t; }
-GA_HD uint64_t ga_ld64(const void *p) { uint64_t t; memcpy(&t, p, 8); return t; }
+GA_HD uint16_t ga_ld16(const void *p)
+{
+    uint16_t t;
+    memcpy(&t, p, 2);
+    return t;
+}
+GA_HD uint32_t ga_ld32(const void *p)
+{
+    uint32_t t;
+    memcpy(&t, p, 4);
+    return t;
+}
+GA_HD uint64_t ga_ld64(const void *p)
+{
+    uint64_t t;
+    memcpy(&t, p, 8);
+    return t;
+}
 
-GA_HD float ga_ld_f32(const void *p) { float t; memcpy(&t, p, 4); return t; }
-GA_HD double ga_ld_f64(const void *p) { double t; memcpy(&t, p, 8); return t; }
+GA_HD float ga_ld_f32(const void *p)
+{
+    float t;
+    memcpy(&t, p, 4);
+    return t;
+}
+GA_HD double ga_ld_f64(const void *p)
+{
+    double t;
+    memcpy(&t, p, 8);
+    return t;
+}
 
 GA_HD ga_value ga_load(ga_dtype dtype, const void *p)
 {
@@ -160,19 +189,31 @@ GA_HD ga_value ga_load(ga_dtype dtype, const void *p)
     case GA_INT16: v.i = (int16_t)ga_ld16(p); break;
     case GA_INT32: v.i = (int32_t)ga_ld32(p); break;
     case GA_INT64: v.i = (int64_t)ga_ld64(p); break;
-    case GA_FLOAT16: v.is_float = 1; v.f = ga_f16_to_f64(ga_ld16(p)); break;
-    case GA_BFLOAT16: v.is_float = 1; v.f = ga_bf16_to_f64(ga_ld16(p)); break;
-    case GA_FLOAT32: v.is_float = 1; v.f = ga_ld_f32(p); break;
-    case GA_FLOAT64: v.is_float = 1; v.f = ga_ld_f64(p); break;
+    case GA_FLOAT16:
+        v.is_float = 1;
+        v.f = ga_f16_to_f64(ga_ld16(p));
+        break;
+    case GA_BFLOAT16:
+        v.is_float = 1;
+        v.f = ga_bf16_to_f64(ga_ld16(p));
+        break;
+    case GA_FLOAT32:
+        v.is_float = 1;
+        v.f = ga_ld_f32(p);
+        break;
+    case GA_FLOAT64:
+        v.is_float = 1;
+        v.f = ga_ld_f64(p);
+        break;
     default: break;
     }
     return v;
 }
 
-#define GA_STORE_AS(type, p, expr)                                               \
-    do {                                                                        \
-        type ga_tmp_ = (type)(expr);                                            \
-        memcpy((p), &ga_tmp_, sizeof ga_tmp_);                                  \
+#define GA_STORE_AS(type, p, expr)             \
+    do {                                       \
+        type ga_tmp_ = (type)(expr);           \
+        memcpy((p), &ga_tmp_, sizeof ga_tmp_); \
     } while (0)
 
 GA_HD int64_t ga_value_to_int(ga_value v, int64_t lo, int64_t hi)

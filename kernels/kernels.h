@@ -51,10 +51,16 @@ typedef enum {
 GA_HD size_t ga_dtype_itemsize(ga_dtype dtype)
 {
     switch (dtype) {
-    case GA_BOOL: case GA_UINT8: case GA_INT8: return 1;
-    case GA_INT16: case GA_FLOAT16: case GA_BFLOAT16: return 2;
-    case GA_INT32: case GA_FLOAT32: return 4;
-    case GA_INT64: case GA_FLOAT64: return 8;
+    case GA_BOOL:
+    case GA_UINT8:
+    case GA_INT8: return 1;
+    case GA_INT16:
+    case GA_FLOAT16:
+    case GA_BFLOAT16: return 2;
+    case GA_INT32:
+    case GA_FLOAT32: return 4;
+    case GA_INT64:
+    case GA_FLOAT64: return 8;
     default: return 0;
     }
 }
@@ -68,15 +74,15 @@ GA_HD int ga_dtype_is_float(ga_dtype dtype)
 
 typedef enum {
     GA_OK = 0,
-    GA_ERR_CUDA,           /* a CUDA runtime call failed; code is its cudaError_t */
-    GA_ERR_CUBLAS,         /* code is a cublasStatus_t */
-    GA_ERR_CUDNN,          /* code is a cudnnStatus_t */
-    GA_ERR_OUT_OF_MEMORY,  /* device or pinned allocation failed */
+    GA_ERR_CUDA,          /* a CUDA runtime call failed; code is its cudaError_t */
+    GA_ERR_CUBLAS,        /* code is a cublasStatus_t */
+    GA_ERR_CUDNN,         /* code is a cudnnStatus_t */
+    GA_ERR_OUT_OF_MEMORY, /* device or pinned allocation failed */
     GA_ERR_HOST_OUT_OF_MEMORY,
-    GA_ERR_NO_CUDA_BUILD,  /* this build has no CUDA backend */
-    GA_ERR_NO_DEVICE,      /* CUDA build, but no driver or no device */
-    GA_ERR_INVALID_VALUE,  /* an argument the caller should have rejected */
-    GA_ERR_NOT_SUPPORTED   /* valid, but not implemented by this backend */
+    GA_ERR_NO_CUDA_BUILD, /* this build has no CUDA backend */
+    GA_ERR_NO_DEVICE,     /* CUDA build, but no driver or no device */
+    GA_ERR_INVALID_VALUE, /* an argument the caller should have rejected */
+    GA_ERR_NOT_SUPPORTED  /* valid, but not implemented by this backend */
 } ga_error;
 
 /* All strings are static (or thread-local for library messages) and stay
@@ -97,23 +103,22 @@ static inline ga_status ga_ok(void)
     return st;
 }
 
-#define GA_STATUS(err, msg)                                                     \
-    ga_status_make((err), 0, 0, (msg), __func__, __FILE__, __LINE__)
+#define GA_STATUS(err, msg) ga_status_make((err), 0, 0, (msg), __func__, __FILE__, __LINE__)
 
 static inline ga_status ga_status_make(ga_error error, int code, const char *name,
-                                       const char *message, const char *call,
-                                       const char *file, int line)
+                                       const char *message, const char *call, const char *file,
+                                       int line)
 {
     ga_status st = {error, code, name, message, call, file, line};
     return st;
 }
 
 /* Propagates a failed ga_status to the caller. */
-#define GA_TRY_STATUS(expr)                                                      \
-    do {                                                                        \
-        ga_status ga_st_ = (expr);                                              \
-        if (ga_st_.error)                                                       \
-            return ga_st_;                                                      \
+#define GA_TRY_STATUS(expr)        \
+    do {                           \
+        ga_status ga_st_ = (expr); \
+        if (ga_st_.error)          \
+            return ga_st_;         \
     } while (0)
 
 /* ------------------------------------------------------- strided tensors */
@@ -131,7 +136,7 @@ typedef struct {
 /* The bytes of `value` converted to `dtype` with the cast rules of
  * kernels/convert.h (so a fill writes exactly what a cast would). */
 typedef struct {
-    int is_integer;  /* 1: use i, 0: use f */
+    int is_integer; /* 1: use i, 0: use f */
     int64_t i;
     double f;
 } ga_scalar;
@@ -171,12 +176,12 @@ typedef struct {
 } ga_device_props;
 
 typedef struct {
-    int runtime_built;    /* CUDART_VERSION this build was compiled against */
-    int runtime_loaded;   /* cudaRuntimeGetVersion (static runtime: = built) */
-    int driver;           /* cudaDriverGetVersion: newest CUDA the driver supports, 0 if none */
+    int runtime_built;  /* CUDART_VERSION this build was compiled against */
+    int runtime_loaded; /* cudaRuntimeGetVersion (static runtime: = built) */
+    int driver;         /* cudaDriverGetVersion: newest CUDA the driver supports, 0 if none */
     int cublaslt_built, cublaslt_loaded;
     int cudnn_built, cudnn_loaded;
-    const char *archs;    /* the architectures compiled in, e.g. "80;86;89;90" */
+    const char *archs; /* the architectures compiled in, e.g. "80;86;89;90" */
 } ga_cuda_versions_info;
 
 /* Number of devices; GA_ERR_NO_DEVICE (with the CUDA error) when there is no
@@ -210,8 +215,8 @@ ga_status ga_cuda_stream_wait_event(int device, ga_stream stream, ga_event event
  * waited on by the other; never blocks the host.  `device` of
  * ga_cuda_stream_wait_event is the stream's; its event may be any
  * device's. */
-ga_status ga_cuda_stream_wait_stream(int consumer_device, ga_stream consumer,
-                                     int producer_device, ga_stream producer);
+ga_status ga_cuda_stream_wait_stream(int consumer_device, ga_stream consumer, int producer_device,
+                                     ga_stream producer);
 
 ga_status ga_cuda_event_create(int device, int timing, ga_event *out);
 ga_status ga_cuda_event_destroy(int device, ga_event event);
@@ -281,29 +286,29 @@ typedef struct {
  * Sums accumulate in float32 (float64 for float64). */
 typedef struct {
     int64_t batch;
-    ga_matrix a;                 /* M x K */
-    ga_matrix b;                 /* K x N */
-    ga_matrix d;                 /* M x N, written */
-    const void *bias;            /* N values, or NULL */
-    ga_dtype bias_dtype;         /* A's or D's dtype */
+    ga_matrix a;         /* M x K */
+    ga_matrix b;         /* K x N */
+    ga_matrix d;         /* M x N, written */
+    const void *bias;    /* N values, or NULL */
+    ga_dtype bias_dtype; /* A's or D's dtype */
     ga_activation activation;
-    ga_matrix preact;            /* written when .data is set; D's dtype */
-    ga_activation dact;          /* GA_ACT_NONE: no backward epilogue */
-    ga_matrix dact_aux;          /* M x N: z (gelu, relu) or y = relu(z) (relu) */
-    void *col_sums;              /* N values, or NULL */
-    ga_dtype col_sums_dtype;     /* float32 or D's dtype */
-    void *a_row_sums;            /* M values, or NULL */
-    ga_dtype a_row_sums_dtype;   /* float32 or D's dtype */
+    ga_matrix preact;          /* written when .data is set; D's dtype */
+    ga_activation dact;        /* GA_ACT_NONE: no backward epilogue */
+    ga_matrix dact_aux;        /* M x N: z (gelu, relu) or y = relu(z) (relu) */
+    void *col_sums;            /* N values, or NULL */
+    ga_dtype col_sums_dtype;   /* float32 or D's dtype */
+    void *a_row_sums;          /* M values, or NULL */
+    ga_dtype a_row_sums_dtype; /* float32 or D's dtype */
     int allow_tf32;
-    int deterministic;           /* same bits every run: no split-K/atomic reductions */
+    int deterministic; /* same bits every run: no split-K/atomic reductions */
 } ga_matmul_desc;
 
 /* What a CUDA op did, for gpuaccel.matmul_stats() / conv_stats(). */
 typedef struct {
-    int fused;       /* 1: the epilogue ran inside the library call */
-    int fallback;    /* 1: an unfused path (plain GEMM/conv + gpuaccel's own kernel) ran */
-    int cache_hit;   /* 1: the plan came from the per-process cache */
-    int tuned;       /* 1: candidate plans were timed on this call */
+    int fused;     /* 1: the epilogue ran inside the library call */
+    int fallback;  /* 1: an unfused path (plain GEMM/conv + gpuaccel's own kernel) ran */
+    int cache_hit; /* 1: the plan came from the per-process cache */
+    int tuned;     /* 1: candidate plans were timed on this call */
 } ga_op_report;
 
 ga_status ga_cpu_matmul(const ga_matmul_desc *desc);
@@ -368,9 +373,9 @@ typedef struct {
 typedef struct {
     ga_conv_geometry geom;
     ga_tensor x, w, y;
-    const void *bias;      /* K values of x's dtype, or NULL */
+    const void *bias; /* K values of x's dtype, or NULL */
     ga_activation activation;
-    ga_tensor preact;      /* written when .data is set */
+    ga_tensor preact; /* written when .data is set */
 } ga_conv_desc;
 
 /* The per-shape engine choice of cuDNN, persisted by gpuaccel between
@@ -403,8 +408,8 @@ ga_status ga_cuda_conv2d_backward_filter(int device, const ga_conv_geometry *geo
                                          ga_conv_tuning *tuning);
 
 /* Hits and misses of the per-process plan caches (cuBLASLt and cuDNN). */
-void ga_cuda_plan_cache_stats(uint64_t *matmul_hits, uint64_t *matmul_misses,
-                              uint64_t *conv_hits, uint64_t *conv_misses);
+void ga_cuda_plan_cache_stats(uint64_t *matmul_hits, uint64_t *matmul_misses, uint64_t *conv_hits,
+                              uint64_t *conv_misses);
 
 /* ================================================================ loader */
 
@@ -459,11 +464,11 @@ ga_status ga_cuda_normalize_images(int device, const ga_normalize_desc *desc, ga
 #define GA_LOGGER_MAX_METRICS 64
 #define GA_LOGGER_MAX_PER_CALL 16
 enum {
-    GA_LOGGER_SUM = 0,      /* of the finite values */
-    GA_LOGGER_COUNT,        /* finite values */
-    GA_LOGGER_NONFINITE,    /* NaN/inf values */
-    GA_LOGGER_MAX,          /* of the finite values; -inf when none */
-    GA_LOGGER_NEG_MIN,      /* -(min of the finite values); -inf when none */
+    GA_LOGGER_SUM = 0,       /* of the finite values */
+    GA_LOGGER_COUNT,         /* finite values */
+    GA_LOGGER_NONFINITE,     /* NaN/inf values */
+    GA_LOGGER_MAX,           /* of the finite values; -inf when none */
+    GA_LOGGER_NEG_MIN,       /* -(min of the finite values); -inf when none */
     GA_LOGGER_NEG_FIRST_BAD, /* -(first step with a non-finite value); -inf when none */
     GA_LOGGER_STATS
 };
@@ -472,15 +477,18 @@ typedef struct {
     void *state;
     int64_t capacity;
     int max_metrics;
-    int n;                                      /* metrics in this call */
-    int metric[GA_LOGGER_MAX_PER_CALL];         /* their indices */
-    const void *value[GA_LOGGER_MAX_PER_CALL];  /* one element each */
+    int n;                                     /* metrics in this call */
+    int metric[GA_LOGGER_MAX_PER_CALL];        /* their indices */
+    const void *value[GA_LOGGER_MAX_PER_CALL]; /* one element each */
     ga_dtype dtype[GA_LOGGER_MAX_PER_CALL];
-    uint64_t present;                           /* bit per metric in this call */
-    int64_t step;  /* this call's step, or 0: take and advance the state's counter (graphs) */
+    uint64_t present; /* bit per metric in this call */
+    int64_t step;     /* this call's step, or 0: take and advance the state's counter (graphs) */
 } ga_logger_update;
 
-GA_HD size_t ga_logger_stats_offset(void) { return sizeof(int64_t); }
+GA_HD size_t ga_logger_stats_offset(void)
+{
+    return sizeof(int64_t);
+}
 GA_HD size_t ga_logger_present_offset(int max_metrics)
 {
     return sizeof(int64_t) + (size_t)max_metrics * GA_LOGGER_STATS * sizeof(double);

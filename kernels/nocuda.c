@@ -52,8 +52,16 @@ ga_status ga_cuda_mem_info(int device, uint64_t *free_bytes, uint64_t *total_byt
     return GA_NO_CUDA;
 }
 
-ga_status ga_cuda_device_synchronize(int device) { (void)device; return GA_NO_CUDA; }
-ga_status ga_cuda_thread_init(int device) { (void)device; return GA_NO_CUDA; }
+ga_status ga_cuda_device_synchronize(int device)
+{
+    (void)device;
+    return GA_NO_CUDA;
+}
+ga_status ga_cuda_thread_init(int device)
+{
+    (void)device;
+    return GA_NO_CUDA;
+}
 
 ga_status ga_cuda_stream_acquire(int device, int priority, ga_stream *out)
 {
@@ -62,8 +70,15 @@ ga_status ga_cuda_stream_acquire(int device, int priority, ga_stream *out)
     return GA_NO_CUDA;
 }
 
-void ga_cuda_stream_release(int device, int priority, ga_stream s) { (void)device, (void)priority, (void)s; }
-ga_status ga_cuda_stream_synchronize(int device, ga_stream s) { (void)device, (void)s; return GA_NO_CUDA; }
+void ga_cuda_stream_release(int device, int priority, ga_stream s)
+{
+    (void)device, (void)priority, (void)s;
+}
+ga_status ga_cuda_stream_synchronize(int device, ga_stream s)
+{
+    (void)device, (void)s;
+    return GA_NO_CUDA;
+}
 
 ga_status ga_cuda_stream_query(int device, ga_stream s, int *done)
 {
@@ -85,8 +100,8 @@ ga_status ga_cuda_stream_wait_event(int device, ga_stream s, ga_event e)
     return GA_NO_CUDA;
 }
 
-ga_status ga_cuda_stream_wait_stream(int consumer_device, ga_stream consumer,
-                                     int producer_device, ga_stream producer)
+ga_status ga_cuda_stream_wait_stream(int consumer_device, ga_stream consumer, int producer_device,
+                                     ga_stream producer)
 {
     (void)consumer_device, (void)consumer, (void)producer_device, (void)producer;
     return GA_NO_CUDA;
@@ -99,7 +114,11 @@ ga_status ga_cuda_event_create(int device, int timing, ga_event *out)
     return GA_NO_CUDA;
 }
 
-ga_status ga_cuda_event_destroy(int device, ga_event e) { (void)device, (void)e; return GA_NO_CUDA; }
+ga_status ga_cuda_event_destroy(int device, ga_event e)
+{
+    (void)device, (void)e;
+    return GA_NO_CUDA;
+}
 
 ga_status ga_cuda_event_record(int device, ga_event e, ga_stream s)
 {
@@ -114,7 +133,11 @@ ga_status ga_cuda_event_query(int device, ga_event e, int *done)
     return GA_NO_CUDA;
 }
 
-ga_status ga_cuda_event_synchronize(int device, ga_event e) { (void)device, (void)e; return GA_NO_CUDA; }
+ga_status ga_cuda_event_synchronize(int device, ga_event e)
+{
+    (void)device, (void)e;
+    return GA_NO_CUDA;
+}
 
 ga_status ga_cuda_event_elapsed_ms(int device, ga_event start, ga_event end, float *ms)
 {
@@ -142,7 +165,11 @@ ga_status ga_cuda_pool_set_release_threshold(int device, uint64_t bytes)
     return GA_NO_CUDA;
 }
 
-ga_status ga_cuda_pool_trim(int device) { (void)device; return GA_NO_CUDA; }
+ga_status ga_cuda_pool_trim(int device)
+{
+    (void)device;
+    return GA_NO_CUDA;
+}
 
 ga_status ga_cuda_pool_reserved(int device, uint64_t *current, uint64_t *peak)
 {
@@ -158,7 +185,11 @@ ga_status ga_cuda_host_alloc(size_t size, void **out)
     return GA_NO_CUDA;
 }
 
-ga_status ga_cuda_host_free(void *ptr) { (void)ptr; return GA_NO_CUDA; }
+ga_status ga_cuda_host_free(void *ptr)
+{
+    (void)ptr;
+    return GA_NO_CUDA;
+}
 
 ga_status ga_cuda_memcpy_async(int device, void *dst, const void *src, size_t size, ga_stream s)
 {
@@ -247,8 +278,8 @@ ga_status ga_cuda_conv2d_backward_filter(int device, const ga_conv_geometry *geo
     return GA_NO_CUDA;
 }
 
-void ga_cuda_plan_cache_stats(uint64_t *matmul_hits, uint64_t *matmul_misses,
-                              uint64_t *conv_hits, uint64_t *conv_misses)
+void ga_cuda_plan_cache_stats(uint64_t *matmul_hits, uint64_t *matmul_misses, uint64_t *conv_hits,
+                              uint64_t *conv_misses)
 {
     *matmul_hits = *matmul_misses = *conv_hits = *conv_misses = 0;
 }

@@ -492,8 +492,8 @@ ga_status ga_cuda_stream_wait_event(int device, ga_stream stream, ga_event event
     return status;
 }
 
-ga_status ga_cuda_stream_wait_stream(int consumer_device, ga_stream consumer,
-                                     int producer_device, ga_stream producer)
+ga_status ga_cuda_stream_wait_stream(int consumer_device, ga_stream consumer, int producer_device,
+                                     ga_stream producer)
 {
     pthread_mutex_lock(&sim_lock);
     sim_stream *c = NULL, *p = NULL;
@@ -958,8 +958,8 @@ ga_status ga_cuda_conv2d_backward_filter(int device, const ga_conv_geometry *geo
     return conv_backward(device, geom, x, dy, dw, 1, workspace, workspace_size, stream, tuning);
 }
 
-void ga_cuda_plan_cache_stats(uint64_t *matmul_hits, uint64_t *matmul_misses,
-                              uint64_t *conv_hits, uint64_t *conv_misses)
+void ga_cuda_plan_cache_stats(uint64_t *matmul_hits, uint64_t *matmul_misses, uint64_t *conv_hits,
+                              uint64_t *conv_misses)
 {
     pthread_mutex_lock(&sim_lock);
     *matmul_hits = matmul_calls ? matmul_calls - 1 : 0;

@@ -1,18 +1,21 @@
-"""Shared fixtures: fresh random inputs (the seed is printed on failure),
-the `cuda` marker, and dtype-aware comparisons."""
+"""pytest's configuration of the test suite (helpers.py holds the helper
+functions, importable as `helpers` through pyproject.toml's pythonpath):
+
+- skips by marker: `cuda` tests without a CUDA device, `gpu` tests on the
+  simulator build (the markers are declared in pyproject.toml);
+- fixtures: `rng` (a fresh seed per test, GPUACCEL_TEST_SEED pins it) and
+  `no_limit` (no memory limit on the CPU pool, during and after the test);
+- a report hook that prints a failed test's seed, to reproduce it.
+"""
 
 import os
-import sys
 
 import numpy as np
 import pytest
 
 import gpuaccel
 
-# helpers.py lives beside this file; tests import it as a plain module
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from helpers import simulated  # noqa: E402
+from helpers import simulated
 
 CUDA = gpuaccel.cuda_available()
 SIMULATED = simulated()
@@ -42,6 +45,14 @@ def rng(request):
     seed = int(os.environ.get("GPUACCEL_TEST_SEED", "0")) or int.from_bytes(os.urandom(4), "little")
     request.node.user_properties.append(("seed", seed))
     return np.random.default_rng(seed)
+
+
+@pytest.fixture
+def no_limit():
+    """No limit on the CPU pool during the test, and none after it."""
+    gpuaccel.set_memory_limit(None, device="cpu")
+    yield
+    gpuaccel.set_memory_limit(None, device="cpu")
 
 
 @pytest.hookimpl(wrapper=True)

@@ -1,11 +1,16 @@
-"""Test helpers: references, tolerances, synthetic DLPack capsules."""
+"""Test helpers: references, tolerances, synthetic DLPack capsules, leak
+and resource checks, child interpreters."""
 
 import ctypes
 import gc
+import os
+import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
+import pytest
 
 import gpuaccel
 
@@ -17,15 +22,31 @@ INT_DTYPES = ["uint8", "int8", "int16", "int32", "int64"]
 LONG_SLEEP_CYCLES = 1_000_000_000
 
 
-
 def simulated():
     """True for a simulator build (GPUACCEL_SIM=1, kernels/sim.c): its
     devices are simulated GPUs backed by host memory."""
     try:
         return gpuaccel.cuda_available() and gpuaccel.device_properties(0)["name"].startswith(
             "gpuaccel simulated")
-    except Exception:
+    except Exception:  # noqa: BLE001 - no usable device 0 is not a simulator either
         return False
+
+
+def assert_within(actual, expected, atol, rtol, reduction=1):
+    """|actual - expected| <= atol * sqrt(reduction) + rtol * |expected| for
+    every element, compared as float64 (NaN fails).  `reduction` is the
+    length of the sums behind each element: their rounding error grows like
+    its square root."""
+    actual = np.asarray(actual, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    bound = atol * np.sqrt(max(reduction, 1)) + rtol * np.abs(expected)
+    err = np.abs(actual - expected)
+    bad = ~(err <= bound)  # NaN counts as bad
+    if bad.any():
+        worst = np.unravel_index(np.argmax(np.where(bad, err, -1.0)), err.shape)
+        raise AssertionError("%d of %d elements off; worst %g at %s (bound there %g)" % (
+            bad.sum(), bad.size, err[worst], tuple(int(i) for i in worst), np.broadcast_to(bound, err.shape)[worst]))
 
 
 # tolerances of the form atol + rtol * |reference|, per dtype
@@ -38,15 +59,40 @@ TOLERANCE = {
 
 
 def assert_close(actual, expected, dtype, scale=1.0):
+    """actual within `scale` times `dtype`'s TOLERANCE of expected."""
     atol, rtol = TOLERANCE[dtype]
-    actual = np.asarray(actual, dtype=np.float64)
-    expected = np.asarray(expected, dtype=np.float64)
-    assert actual.shape == expected.shape, (actual.shape, expected.shape)
-    bound = scale * (atol + rtol * np.abs(expected))
-    err = np.abs(actual - expected)
-    bad = ~(err <= bound)  # NaN counts as bad
-    assert not bad.any(), "%d of %d elements off; worst %g at %s (bound %g)" % (
-        bad.sum(), bad.size, err.max(), np.unravel_index(np.argmax(err), err.shape), bound.max())
+    assert_within(actual, expected, scale * atol, scale * rtol)
+
+
+def activation_ref(z, activation):
+    """gpuaccel's activation (None, "relu", or "gelu" in its tanh
+    approximation) of a float64 NumPy array."""
+    if activation == "relu":
+        return np.maximum(z, 0)
+    if activation == "gelu":
+        return 0.5 * z * (1 + np.tanh(np.sqrt(2 / np.pi) * (z + 0.044715 * z**3)))
+    return z
+
+
+def activation_grad_ref(z, activation):
+    """The derivative of activation_ref at z (float64 NumPy arrays)."""
+    if activation == "relu":
+        return (z > 0).astype(np.float64)
+    if activation == "gelu":
+        t = np.tanh(np.sqrt(2 / np.pi) * (z + 0.044715 * z**3))
+        return 0.5 * (1 + t) + 0.5 * z * (1 - t * t) * np.sqrt(2 / np.pi) * (1 + 3 * 0.044715 * z * z)
+    return np.ones_like(z)
+
+
+def torch_activation(z, activation):
+    """activation_ref of a torch tensor, differentiable by autograd."""
+    import torch
+
+    if activation == "relu":
+        return torch.relu(z)
+    if activation == "gelu":
+        return torch.nn.functional.gelu(z, approximate="tanh")
+    return z
 
 
 def torch_dtype(name):
@@ -63,16 +109,22 @@ def numpy_dtype(name):
     return np.dtype(name)
 
 
-def random_values(rng, shape, dtype):
-    """Values every dtype holds exactly (so conversions are comparable)."""
+def random_values(rng, shape, dtype, wide=False):
+    """A NumPy array of random values of a gpuaccel dtype.  Integers lie
+    within +-2**40, which float64 holds exactly (so conversions compare
+    exactly), floats are standard normal.  wide=True, for casts and bit
+    patterns: integers span the dtype's whole range and each float is scaled
+    by one of 1, 1e3 and 1e-3 (float16's overflow and subnormals)."""
     if dtype == "bool":
         return rng.integers(0, 2, size=shape).astype(np.bool_)
-    if dtype == "uint8":
-        return rng.integers(0, 256, size=shape).astype(np.uint8)
     if dtype in INT_DTYPES:
         info = np.iinfo(dtype)
-        return rng.integers(max(info.min, -(2**40)), min(info.max, 2**40), size=shape, endpoint=True).astype(dtype)
-    return rng.standard_normal(size=shape).astype(numpy_dtype(dtype))
+        lo, hi = (info.min, info.max) if wide else (max(info.min, -(2**40)), min(info.max, 2**40))
+        return rng.integers(lo, hi, size=shape, endpoint=True, dtype=np.int64).astype(dtype)
+    values = rng.standard_normal(size=shape)
+    if wide:
+        values *= rng.choice([1.0, 1e3, 1e-3], size=shape)
+    return values.astype(numpy_dtype(dtype))
 
 
 def random_strided_view(rng, base_shape, dtype):
@@ -172,11 +224,15 @@ class SyntheticTensor:
         return _PyCapsule_New(ctypes.addressof(self.managed), self.name, None)
 
 
+_PyCapsule_GetName = ctypes.pythonapi.PyCapsule_GetName
+_PyCapsule_GetName.restype = ctypes.c_char_p
+_PyCapsule_GetName.argtypes = [ctypes.py_object]
+
+
 def capsule_name(capsule):
-    get_name = ctypes.pythonapi.PyCapsule_GetName
-    get_name.restype = ctypes.c_char_p
-    get_name.argtypes = [ctypes.py_object]
-    return get_name(capsule).decode()
+    """The capsule's name as bytes, None for a NULL name (a producer may
+    name a capsule anything, not only valid UTF-8)."""
+    return _PyCapsule_GetName(capsule)
 
 
 def refcount(obj):
@@ -230,7 +286,8 @@ def rss_bytes():
     return psutil.Process().memory_info().rss
 
 
-def _pool_bytes():
+def cpu_allocated():
+    """Bytes gpuaccel's CPU pool has handed out and not got back."""
     return gpuaccel.memory_stats("cpu")["allocated_bytes"]
 
 
@@ -241,7 +298,7 @@ def _leak_snapshot(watch):
         "totalrefcount": sys.gettotalrefcount() if hasattr(sys, "gettotalrefcount") else None,
         "gc_objects": len(gc.get_objects()),
         "watched_refcounts": [sys.getrefcount(o) for o in watch],
-        "pool_bytes": _pool_bytes(),
+        "pool_bytes": cpu_allocated(),
         "heap_bytes": heap_in_use(),
         "rss": rss_bytes(),
     }
@@ -304,3 +361,49 @@ def settle(condition, timeout=5.0):
             return False
         time.sleep(0.01)
     return True
+
+
+def native_threads():
+    """The names of this process's OS threads (Linux /proc), sorted; a
+    thread that ends meanwhile is left out."""
+    names = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open("/proc/self/task/%s/comm" % tid) as f:
+                names.append(f.read().strip())
+        except OSError:
+            pass
+    return sorted(names)
+
+
+def open_fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+# ---------------------------------------------------------------- child interpreters
+
+def python_env(**overrides):
+    """This process's environment for a child interpreter: the folder this
+    gpuaccel was imported from first on PYTHONPATH (so that an in-place build
+    is found from any folder), no pinned test seed, and `overrides`."""
+    env = dict(os.environ)
+    here = os.path.dirname(os.path.dirname(os.path.abspath(gpuaccel.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
+    env.pop("GPUACCEL_TEST_SEED", None)
+    env.update(overrides)
+    return env
+
+
+def run_python(*argv, timeout=120, env=None, text=True):
+    """Runs this interpreter with `argv` (e.g. "-c", code) in the temporary
+    folder, outside the checkout (whose gpuaccel/ has no built extension),
+    with python_env(**env); returns the CompletedProcess, output captured.
+    A run past `timeout` seconds is killed and fails the test."""
+    try:
+        return subprocess.run([sys.executable, *map(str, argv)], timeout=timeout, capture_output=True, text=text,
+                              cwd=tempfile.gettempdir(), env=python_env(**(env or {})))
+    except subprocess.TimeoutExpired as e:
+        err = e.stderr or b""
+        if isinstance(err, bytes):
+            err = err.decode(errors="replace")
+        pytest.fail("the subprocess hung (killed after %d s); stderr so far:\n%s" % (timeout, err[-3000:]))

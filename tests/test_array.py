@@ -5,12 +5,13 @@ import pickle
 
 import numpy as np
 import pytest
-from helpers import ALL_DTYPES, INT_DTYPES, numpy_dtype, random_strided_view, random_values
 
 import gpuaccel as ga
 
+from helpers import ALL_DTYPES, INT_DTYPES, numpy_dtype, random_strided_view, random_values
 
 # ----------------------------------------------------------- construction
+
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
 @pytest.mark.parametrize("shape", [(), (0,), (7,), (3, 0, 2), (2, 3, 5), (1,) * 32])

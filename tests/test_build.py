@@ -7,6 +7,8 @@ import textwrap
 
 import pytest
 
+from helpers import run_python
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -44,5 +46,5 @@ def test_cpu_only_build(tmp_path):
         print("cpu-only ok")
         """
     ) % (str(lib), str(lib))
-    run = subprocess.run([sys.executable, "-c", script], cwd=str(tmp_path), capture_output=True, text=True, timeout=120)
+    run = run_python("-c", script)
     assert run.returncode == 0 and "cpu-only ok" in run.stdout, run.stderr

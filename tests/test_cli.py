@@ -3,22 +3,22 @@
 
 import json
 import os
-import subprocess
 import sys
-import tempfile
 
 import pytest
 
 import gpuaccel as ga
 from gpuaccel import doctor
 
+from helpers import run_python
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run(*args, timeout=600, env=None):
-    """Runs a command outside the checkout (so the installed gpuaccel is used)."""
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=tempfile.gettempdir(), env=env)
+def run(*argv, timeout=600):
+    """A gpuaccel command or example in a fresh interpreter outside the
+    checkout; they may take minutes on a slow (or sanitized) machine."""
+    return run_python(*argv, timeout=timeout)
 
 
 # ------------------------------------------------------------------ doctor
@@ -166,9 +166,8 @@ def test_example_training_script_runs_on_the_cpu(tmp_path):
 
 
 def test_example_ddp_script_runs_on_two_cpu_ranks(tmp_path):
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-    out = subprocess.run([*torchrun, os.path.join(ROOT, "examples", "train_ddp.py"), "--device", "cpu", "--steps", "30",
-                         "--batch-size", "16", "--samples", "1000", "--data", str(tmp_path)],
-                         capture_output=True, text=True, timeout=300, cwd=tempfile.gettempdir())
+    out = run("-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+              os.path.join(ROOT, "examples", "train_ddp.py"), "--device", "cpu", "--steps", "30",
+              "--batch-size", "16", "--samples", "1000", "--data", tmp_path, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "(mean of 2 ranks)" in out.stdout and "final loss" in out.stdout

@@ -8,9 +8,10 @@ import warnings
 
 import numpy as np
 import pytest
-from helpers import FLOAT_DTYPES
 
 import gpuaccel as ga
+
+from helpers import FLOAT_DTYPES, assert_within, torch_activation
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -28,25 +29,12 @@ GEOMETRIES = [
 
 
 def check(got, ref, dtype, reduction):
-    atol, rtol = TOL[dtype]
-    got = np.asarray(got, dtype=np.float64)
-    assert got.shape == ref.shape, (got.shape, ref.shape)
-    bound = atol * max(1.0, np.sqrt(reduction)) + rtol * np.abs(ref)
-    err = np.abs(got - ref)
-    assert (err <= bound).all(), "%d/%d off, worst %g" % ((~(err <= bound)).sum(), err.size, err.max())
+    assert_within(got, ref, *TOL[dtype], reduction)
 
 
 def rounded(rng, shape, dtype):
     t = torch.from_numpy(rng.standard_normal(shape)).to(getattr(torch, dtype))
     return t, t.double()
-
-
-def act(z, activation):
-    if activation == "relu":
-        return torch.relu(z)
-    if activation == "gelu":
-        return F.gelu(z, approximate="tanh")
-    return z
 
 
 def as_float64(a):
@@ -66,7 +54,7 @@ def test_forward_and_gradients_match_torch(rng, dtype, geometry, activation):
     wr.requires_grad_(True)
     br.requires_grad_(True)
     z = F.conv2d(xr, wr, br, **geo)
-    yr = act(z, activation)
+    yr = torch_activation(z, activation)
     y, aux = ga.conv2d(x, wt, b, activation=activation, save_preactivation=True, **geo)
     reduction = (c // groups) * r * s
     check(as_float64(y), yr.detach().numpy(), dtype, reduction)
@@ -74,7 +62,7 @@ def test_forward_and_gradients_match_torch(rng, dtype, geometry, activation):
     if activation == "gelu":
         # differentiate through the saved, rounded pre-activation, as the kernels do
         zs = torch.from_numpy(as_float64(aux))
-        dz = gyr * torch.autograd.functional.vjp(lambda t: act(t, "gelu"), zs, torch.ones_like(zs))[1]
+        dz = gyr * torch.autograd.functional.vjp(lambda t: torch_activation(t, "gelu"), zs, torch.ones_like(zs))[1]
         gx_ref, gw_ref, gb_ref = torch.autograd.grad(z, (xr, wr, br), dz)
     else:
         gx_ref, gw_ref, gb_ref = torch.autograd.grad(yr, (xr, wr, br), gyr)

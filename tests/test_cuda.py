@@ -7,14 +7,13 @@ import time
 
 import numpy as np
 import pytest
-from helpers import (ALL_DTYPES, INT_DTYPES, LONG_SLEEP_CYCLES, SyntheticTensor, random_strided_view,
-                     random_values)
 
 import gpuaccel as ga
 
+from helpers import ALL_DTYPES, INT_DTYPES, LONG_SLEEP_CYCLES, SyntheticTensor, random_strided_view, random_values
+
 pytestmark = pytest.mark.cuda
 torch = pytest.importorskip("torch")
-
 
 
 def gpu_busy():
@@ -266,7 +265,7 @@ def test_cuda_array_interface_round_trip():
     back = ga.asarray(cupy.arange(6, dtype=cupy.int16))
     assert back.device == "cuda:0" and back.tolist() == list(range(6))
     with pytest.raises(AttributeError, match="bfloat16"):
-        ga.zeros(3, dtype="bfloat16", device="cuda").__cuda_array_interface__
+        ga.zeros(3, dtype="bfloat16", device="cuda").__cuda_array_interface__  # noqa: B018 - the access raises
 
 
 # ------------------------------------------------------- streams and events

@@ -6,9 +6,10 @@ import time
 
 import numpy as np
 import pytest
-from helpers import LONG_SLEEP_CYCLES
 
 import gpuaccel as ga
+
+from helpers import LONG_SLEEP_CYCLES
 
 pytestmark = pytest.mark.cuda
 torch = pytest.importorskip("torch")
@@ -96,9 +97,9 @@ def test_memory_returns_to_the_pool(rng):
     ga.synchronize()
     base = ga.memory_stats("cuda")["allocated_bytes"]
     for _ in range(20):
-        for batch in loader:
+        for _batch in loader:
             pass
-        del batch
+        del _batch
     ga.synchronize()
     assert ga.memory_stats("cuda")["allocated_bytes"] == base
     s = loader.stats()

@@ -5,9 +5,10 @@ import time
 
 import numpy as np
 import pytest
-from helpers import LONG_SLEEP_CYCLES
 
 import gpuaccel as ga
+
+from helpers import LONG_SLEEP_CYCLES
 
 pytestmark = [pytest.mark.cuda, pytest.mark.gpu]  # every test here needs torch's CUDA
 torch = pytest.importorskip("torch")

@@ -4,9 +4,10 @@ test_conv.py) and against torch on the GPU."""
 
 import numpy as np
 import pytest
-from helpers import FLOAT_DTYPES, LONG_SLEEP_CYCLES
 
 import gpuaccel as ga
+
+from helpers import FLOAT_DTYPES, LONG_SLEEP_CYCLES, assert_within
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -25,12 +26,7 @@ def f64(a):
 
 
 def close(got, ref, dtype, k):
-    atol, rtol = TOL[dtype]
-    got, ref = f64(got), f64(ref)
-    assert got.shape == ref.shape
-    err = np.abs(got - ref)
-    bound = atol * max(1.0, np.sqrt(k)) + rtol * np.abs(ref)
-    assert (err <= bound).all(), "worst %g, bound there %g" % (err.max(), bound.flat[np.argmax(err)])
+    assert_within(f64(got), f64(ref), *TOL[dtype], k)
 
 
 def pair(rng, shape, dtype):

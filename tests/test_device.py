@@ -3,14 +3,13 @@ GPU parts are in test_cuda.py)."""
 
 import os
 import pickle
-import subprocess
-import tempfile
-import sys
 import textwrap
 
 import pytest
 
 import gpuaccel as ga
+
+from helpers import run_python
 
 
 @pytest.mark.parametrize(
@@ -128,7 +127,5 @@ def test_forked_child_can_use_the_cpu():
         sys.exit(os.waitstatus_to_exitcode(status))
         """
     )
-    # run outside the source checkout, which has no compiled extension
-    result = subprocess.run([sys.executable, "-c", script], timeout=120, capture_output=True, text=True,
-                            cwd=tempfile.gettempdir())
+    result = run_python("-c", script)
     assert result.returncode == 0, result.stderr

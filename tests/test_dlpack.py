@@ -7,9 +7,10 @@ import gc
 
 import numpy as np
 import pytest
-from helpers import ALL_DTYPES, SyntheticTensor, capsule_name, random_values
 
 import gpuaccel as ga
+
+from helpers import ALL_DTYPES, SyntheticTensor, capsule_name, random_values
 
 torch = pytest.importorskip("torch")
 
@@ -106,11 +107,11 @@ def test_readonly_numpy_keeps_read_only_flag():
 
 def test_versioned_or_legacy_by_max_version():
     a = ga.zeros(3)
-    assert capsule_name(a.__dlpack__()) == "dltensor"
-    assert capsule_name(a.__dlpack__(max_version=None)) == "dltensor"
-    assert capsule_name(a.__dlpack__(max_version=(0, 8))) == "dltensor"
-    assert capsule_name(a.__dlpack__(max_version=(1, 0))) == "dltensor_versioned"
-    assert capsule_name(a.__dlpack__(max_version=(2, 3))) == "dltensor_versioned"
+    assert capsule_name(a.__dlpack__()) == b"dltensor"
+    assert capsule_name(a.__dlpack__(max_version=None)) == b"dltensor"
+    assert capsule_name(a.__dlpack__(max_version=(0, 8))) == b"dltensor"
+    assert capsule_name(a.__dlpack__(max_version=(1, 0))) == b"dltensor_versioned"
+    assert capsule_name(a.__dlpack__(max_version=(2, 3))) == b"dltensor_versioned"
     assert a.__dlpack_device__() == (1, 0)
 
 
@@ -158,7 +159,7 @@ def test_producer_argument_errors():
         a.__dlpack__(dl_device="cpu")
     with pytest.raises(TypeError):
         a.__dlpack__(3)  # keyword-only
-    assert capsule_name(a.__dlpack__(dl_device=(1, 0), copy=False)) == "dltensor"
+    assert capsule_name(a.__dlpack__(dl_device=(1, 0), copy=False)) == b"dltensor"
     # a float32 view stepping 6 bytes: NumPy allows it, DLPack cannot say it
     odd = ga.asarray(np.lib.stride_tricks.as_strided(np.zeros(8, np.float32), (3,), (6,)))
     assert odd.strides == (6,) and odd.dtype == "float32"
@@ -179,7 +180,7 @@ def test_unconsumed_capsule_frees_its_tensor():
 
 def test_consumed_capsule_is_renamed_and_cannot_be_reused():
     a = ga.zeros(5)
-    for kwargs, used in [({}, "used_dltensor"), ({"max_version": (1, 0)}, "used_dltensor_versioned")]:
+    for kwargs, used in [({}, b"used_dltensor"), ({"max_version": (1, 0)}, b"used_dltensor_versioned")]:
         cap = a.__dlpack__(**kwargs)
         b = ga.from_dlpack(cap)
         assert capsule_name(cap) == used and b.data_ptr == a.data_ptr
@@ -255,7 +256,7 @@ def test_malformed_capsules_raise_and_stay_unconsumed(kwargs, exc, words):
     cap = s.capsule()
     with pytest.raises(exc, match=words):
         ga.from_dlpack(cap)
-    assert not capsule_name(cap).startswith("used_")
+    assert not capsule_name(cap).startswith(b"used_")
     assert s.deleted == 0
 
 
@@ -285,7 +286,6 @@ def test_from_dlpack_argument_errors():
 
     with pytest.raises(TypeError, match="not a capsule"):
         ga.from_dlpack(Liar())
-
 
 
 def test_dlpack_device_is_only_asked_for_with_a_current_stream():

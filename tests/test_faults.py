@@ -17,9 +17,10 @@ import time
 
 import numpy as np
 import pytest
-from helpers import settle
 
 import gpuaccel as ga
+
+from helpers import cpu_allocated, native_threads, open_fds, python_env, run_python, settle
 
 torch = pytest.importorskip("torch")
 
@@ -27,46 +28,15 @@ FATAL = ("Segmentation fault", "Fatal Python error", "Bus error", "core dumped",
          "AddressSanitizer", "double free", "corrupted")
 
 
-def allocated():
-    return ga.memory_stats("cpu")["allocated_bytes"]
-
-
-@pytest.fixture
-def no_limit():
-    ga.set_memory_limit(None, device="cpu")
-    yield
-    ga.set_memory_limit(None, device="cpu")
-
-
-def native_threads():
-    return len(os.listdir("/proc/self/task"))
-
-
-def open_fds():
-    return len(os.listdir("/proc/self/fd"))
-
-
 # -------------------------------------------------------- subprocesses
 
-def _env():
-    env = dict(os.environ)
-    here = os.path.dirname(os.path.dirname(os.path.abspath(ga.__file__)))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p)
-    env.pop("GPUACCEL_TEST_SEED", None)
-    return env
-
-
 def run_script(script, *args, timeout=60):
-    """Runs `script` in a fresh interpreter outside the checkout; a hang
-    past `timeout` is a failure (the process is killed)."""
-    try:
-        return subprocess.run([sys.executable, "-c", textwrap.dedent(script)] + [str(a) for a in args],
-                              timeout=timeout, capture_output=True, text=True, cwd=tempfile.gettempdir(),
-                              env=_env())
-    except subprocess.TimeoutExpired as e:
-        pytest.fail("the subprocess hung (killed after %d s); stderr so far:\n%s"
-                    % (timeout, (e.stderr or b"")[-3000:] if isinstance(e.stderr, str) else
-                       (e.stderr or b"").decode(errors="replace")[-3000:]))
+    """Runs `script` in a fresh interpreter outside the checkout and asserts
+    that it ended cleanly (assert_clean); a hang past `timeout` is a failure
+    (the process is killed)."""
+    result = run_python("-c", textwrap.dedent(script), *args, timeout=timeout)
+    assert_clean(result)
+    return result
 
 
 def assert_clean(result, expect_rc=0):
@@ -89,12 +59,12 @@ def _sweep_oom(make, check=None, max_steps=24):
     the pool exactly as it was; the first success must be right.  Returns
     the number of faults injected."""
     ga.set_memory_limit(None, device="cpu")
-    base = allocated()
+    base = cpu_allocated()
     # what it needs: the peak of one unlimited call
     reference = make()
-    extra = allocated() - base
+    extra = cpu_allocated() - base
     del reference
-    assert allocated() == base
+    assert cpu_allocated() == base
     need = 1
     while True:  # the smallest power of two it fits in
         ga.set_memory_limit(base + need, device="cpu")
@@ -106,7 +76,7 @@ def _sweep_oom(make, check=None, max_steps=24):
             need *= 2
         finally:
             ga.set_memory_limit(None, device="cpu")
-        assert allocated() == base
+        assert cpu_allocated() == base
         assert need < (1 << 40), "never fits"
     need = max(need, extra, 1)
     limits = sorted({max(1, need * k // max_steps) for k in range(1, max_steps + 1)} | {1, need // 2 + 1})
@@ -126,8 +96,8 @@ def _sweep_oom(make, check=None, max_steps=24):
         if result is not None and check is not None:
             check(result)
         del result
-        assert allocated() == base, "after an injected fault at limit %d: %d bytes more are allocated" % (
-            limit, allocated() - base)
+        assert cpu_allocated() == base, "after an injected fault at limit %d: %d bytes more are allocated" % (
+            limit, cpu_allocated() - base)
     # and it works again without a limit
     result = make()
     if check is not None:
@@ -208,7 +178,7 @@ def test_out_of_memory_at_every_allocation_of(name, no_limit):
 def test_asarray_of_a_list_under_a_limit(no_limit):
     """A list becomes memory NumPy owns (the limit does not apply to it) or
     pool memory (then the limit does): either way nothing is left behind."""
-    base = allocated()
+    base = cpu_allocated()
     ga.set_memory_limit(base + 1, device="cpu")
     try:
         a = ga.asarray([[1.0, 2.0], [3.0, 4.0]])
@@ -217,12 +187,12 @@ def test_asarray_of_a_list_under_a_limit(no_limit):
     except ga.OutOfMemoryError:
         pass
     ga.set_memory_limit(None, device="cpu")
-    assert allocated() == base
+    assert cpu_allocated() == base
 
 
 def test_limit_below_what_is_allocated_then_lifted(no_limit):
     keep = ga.ones(1 << 16, dtype="uint8")
-    base = allocated()
+    base = cpu_allocated()
     ga.set_memory_limit(1, device="cpu")  # below what is already allocated
     with pytest.raises(ga.OutOfMemoryError):
         ga.matmul(ga.asarray(np.ones((4, 4))), ga.asarray(np.ones((4, 4))))
@@ -230,7 +200,7 @@ def test_limit_below_what_is_allocated_then_lifted(no_limit):
         keep.astype("float32")
     assert keep.numpy().sum() == 1 << 16  # what was there is untouched
     ga.set_memory_limit(None, device="cpu")
-    assert allocated() == base
+    assert cpu_allocated() == base
     assert ga.matmul(ga.asarray(np.ones((4, 4))), ga.asarray(np.ones((4, 4)))).numpy().sum() == 64
 
 
@@ -242,7 +212,7 @@ def test_threads_racing_for_memory_under_a_limit(no_limit):
     A = ga.asarray(rng.standard_normal((64, 48)))
     B = ga.asarray(rng.standard_normal((48, 40)))
     ref = ga.matmul(A, B).numpy().copy()
-    base = allocated()
+    base = cpu_allocated()
     ooms_before = ga.memory_stats("cpu")["num_ooms"]
     ga.set_memory_limit(base + 3 * 64 * 40 * 8, device="cpu")
     counts = {"ok": 0, "oom": 0}
@@ -278,7 +248,7 @@ def test_threads_racing_for_memory_under_a_limit(no_limit):
     assert not errors, errors
     assert counts["ok"] + counts["oom"] == 1600 and counts["ok"] > 0
     assert ga.memory_stats("cpu")["num_ooms"] - ooms_before == counts["oom"]
-    assert allocated() == base
+    assert cpu_allocated() == base
     FAULTS["threads_racing"] = counts["oom"]
 
 
@@ -290,8 +260,8 @@ def test_out_of_memory_in_a_loader_worker(no_limit, at_batch):
     x = np.arange(2000 * 96, dtype=np.uint8).reshape(2000, 96)
     y = np.arange(2000, dtype=np.int64)
     loader = ga.PinnedLoader([x, y], 50, shuffle=True, num_threads=3, prefetch=2, output="gpuaccel")
-    threads, fds = native_threads(), open_fds()
-    base = allocated()
+    threads, fds = len(native_threads()), open_fds()
+    base = cpu_allocated()
     batch_bytes = 50 * (96 + 8)
     order = loader.epoch_indices(0)
     it = iter(loader)
@@ -300,16 +270,16 @@ def test_out_of_memory_in_a_loader_worker(no_limit, at_batch):
         xb, yb = next(it)
         got.append(yb.numpy().copy())
         del xb, yb
-    ga.set_memory_limit(allocated() + batch_bytes // 2, device="cpu")
+    ga.set_memory_limit(cpu_allocated() + batch_bytes // 2, device="cpu")
     with pytest.raises(ga.OutOfMemoryError, match="set_memory_limit"):
         for xb, yb in it:  # the batches already gathered may still come out
             np.testing.assert_array_equal(xb.numpy(), x[yb.numpy()])
             del xb, yb
     ga.set_memory_limit(None, device="cpu")
     assert list(it) == []  # closed
-    assert settle(lambda: native_threads() <= threads), "loader workers left running"
+    assert settle(lambda: len(native_threads()) <= threads), "loader workers left running"
     assert open_fds() == fds
-    assert allocated() == base
+    assert cpu_allocated() == base
     for k, labels in enumerate(got):
         np.testing.assert_array_equal(labels, order[k * 50:(k + 1) * 50])
     batches = [(xb.numpy().copy(), yb.numpy().copy()) for xb, yb in loader]  # the next epoch, in full
@@ -359,7 +329,6 @@ print(json.dumps(results))
 
 def test_npy_truncated_while_loading_raises_or_finishes(tmp_path):
     result = run_script(TRUNCATE_SCRIPT, tmp_path / "data.npy", timeout=120)
-    assert_clean(result)
     results = json.loads(result.stdout.strip().splitlines()[-1])
     for r in results:
         if r["outcome"] != "finished":
@@ -396,7 +365,6 @@ def test_memmap_source_truncated_while_loading(tmp_path):
     """A np.memmap source is read with pread(): the truncation is an OSError
     naming the file, not a SIGBUS."""
     result = run_script(MEMMAP_SCRIPT, tmp_path / "mm.npy", timeout=60)
-    assert_clean(result)
     out = result.stdout.strip()
     assert out.startswith("raised") and "mm.npy" in out and "truncated" in out, out
     FAULTS["memmap_truncations"] = 1
@@ -466,7 +434,7 @@ def test_source_replaced_by_a_directory_between_epochs(tmp_path):
     path, x = _image_file(tmp_path)
     loader = ga.PinnedLoader([path, np.arange(len(x))], 32, shuffle=True, num_threads=3, output="gpuaccel")
     _check_epoch(_epoch(loader), x)
-    threads, fds = native_threads(), open_fds()
+    threads, fds = len(native_threads()), open_fds()
     os.rename(path, path + ".bak")
     os.mkdir(path)
     with pytest.raises(OSError) as info:
@@ -474,7 +442,7 @@ def test_source_replaced_by_a_directory_between_epochs(tmp_path):
     assert info.value.errno in (21, None) and "x.npy" in str(info.value), info.value
     os.rmdir(path)
     os.rename(path + ".bak", path)
-    assert settle(lambda: native_threads() <= threads) and open_fds() == fds
+    assert settle(lambda: len(native_threads()) <= threads) and open_fds() == fds
     _check_epoch(_epoch(loader), x)
     FAULTS["replaced_by_directory"] = 1
 
@@ -619,7 +587,7 @@ elif mode == "threads":            # 8 daemon threads iterating loaders; main th
 @pytest.mark.parametrize("mode", ["loader_wait", "loader_busy", "torch_loader", "matmul", "threads"])
 def test_sigint_exits_with_keyboard_interrupt(mode):
     proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(SIGINT_SCRIPT), mode], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=tempfile.gettempdir(), env=_env())
+                            stderr=subprocess.PIPE, text=True, cwd=tempfile.gettempdir(), env=python_env())
     try:
         line = proc.stdout.readline().strip()
         assert line == "ready", proc.stderr.read()
@@ -801,7 +769,6 @@ def test_fork_with_pooled_batches_alive(tmp_path):
 
 def test_fork_after_use_child_works_on_the_cpu():
     result = run_script(FORK_SCRIPT, timeout=120)
-    assert_clean(result)
     assert "children []" in result.stdout
     FAULTS["forks"] = 3
 
@@ -829,11 +796,7 @@ if __name__ == "__main__":
 def test_multiprocessing_fork_pool_uses_gpuaccel(tmp_path):
     script = tmp_path / "mp_script.py"  # a file: the pool's workers need an importable __main__
     script.write_text(textwrap.dedent(MP_SCRIPT))
-    try:
-        result = subprocess.run([sys.executable, str(script)], timeout=120, capture_output=True, text=True,
-                                cwd=tempfile.gettempdir(), env=_env())
-    except subprocess.TimeoutExpired:
-        pytest.fail("a fork Pool using gpuaccel hung")
+    result = run_python(script, timeout=120)
     assert_clean(result)
     assert result.stdout.strip() == "ok"
 
@@ -866,7 +829,6 @@ print("bad", bad)
 
 def test_fork_while_another_thread_runs_a_matmul():
     result = run_script(FORK_WHILE_MATMUL_SCRIPT, timeout=120)
-    assert_clean(result)
     assert "bad 0" in result.stdout
     FAULTS["forks_during_matmul"] = 10
 
@@ -904,7 +866,6 @@ print("ok")
 
 def test_fork_with_an_epoch_under_way_child_exits():
     result = run_script(FORK_LIVE_ITERATOR_SCRIPT, timeout=60)
-    assert_clean(result)
     assert result.stdout.strip() == "ok"
 
 
@@ -955,8 +916,7 @@ sys.exit(3 if hung else 0)
 
 
 def test_fork_while_loader_workers_allocate():
-    result = run_script(FORK_WHILE_LOADING_SCRIPT, timeout=120)
-    assert_clean(result)
+    run_script(FORK_WHILE_LOADING_SCRIPT, timeout=120)
 
 
 # =================================================== threads misusing one loader
@@ -991,8 +951,7 @@ print(outcome)
 
 
 def test_close_from_another_thread_wakes_a_waiting_next():
-    result = run_script(CLOSE_FROM_OTHER_THREAD_SCRIPT, timeout=60)
-    assert_clean(result)
+    run_script(CLOSE_FROM_OTHER_THREAD_SCRIPT, timeout=60)
 
 
 SHARED_ITERATOR_SCRIPT = """
@@ -1027,7 +986,6 @@ print("ok")
 
 def test_two_threads_sharing_one_epoch_iterator():
     result = run_script(SHARED_ITERATOR_SCRIPT, timeout=120)
-    assert_clean(result)
     assert result.stdout.strip().endswith("ok")
 
 

@@ -2,16 +2,14 @@
 
 import os
 import signal
-import subprocess
-import sys
-import tempfile
 import textwrap
 
 import numpy as np
 import pytest
-from helpers import assert_close, numpy_dtype
 
 import gpuaccel as ga
+
+from helpers import assert_close, native_threads, numpy_dtype, open_fds, run_python
 
 
 def dataset(rng, n, image=(5, 4, 3)):
@@ -24,14 +22,6 @@ def dataset(rng, n, image=(5, 4, 3)):
 
 def run(loader):
     return [tuple(np.array(t.numpy()) for t in batch) for batch in loader]
-
-
-def open_fds():
-    return len(os.listdir("/proc/self/fd"))
-
-
-def native_threads():
-    return len(os.listdir("/proc/self/task"))
 
 
 @pytest.mark.parametrize("n,batch,drop_last", [(1000, 64, False), (1000, 64, True), (37, 10, False),
@@ -275,7 +265,7 @@ def test_file_truncated_while_running_raises_at_next(rng, tmp_path):
 
 
 def test_ctrl_c_while_waiting_stops_cleanly(rng):
-    threads = native_threads()
+    threads = len(native_threads())
     big = np.zeros((64, 1 << 20), dtype=np.uint8)  # 64 MiB per batch: the wait is long enough
     loader = ga.PinnedLoader([big], 64, num_threads=1, prefetch=0, output="gpuaccel")
     old = signal.signal(signal.SIGALRM, lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
@@ -289,7 +279,7 @@ def test_ctrl_c_while_waiting_stops_cleanly(rng):
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
     loader.close()
-    assert native_threads() <= threads  # a thread of an earlier test may have ended meanwhile
+    assert len(native_threads()) <= threads  # a thread of an earlier test may have ended meanwhile
 
 
 def test_nothing_left_behind_after_100_short_iterations(rng, tmp_path):
@@ -297,18 +287,18 @@ def test_nothing_left_behind_after_100_short_iterations(rng, tmp_path):
     np.save(tmp_path / "x.npy", x)
     loader = ga.PinnedLoader([str(tmp_path / "x.npy"), y], 16, shuffle=True, num_threads=3, output="gpuaccel")
     run(loader)  # warm the pools
-    threads, fds, mem = native_threads(), open_fds(), ga.memory_stats("cpu")["allocated_bytes"]
+    threads, fds, mem = len(native_threads()), open_fds(), ga.memory_stats("cpu")["allocated_bytes"]
     for i in range(100):
-        for k, batch in enumerate(loader):
+        for k, _batch in enumerate(loader):
             if k == i % 5:
                 break  # leave mid-epoch
-        del batch
-    assert native_threads() <= threads  # a thread of an earlier test may have ended meanwhile
+        del _batch
+    assert len(native_threads()) <= threads  # a thread of an earlier test may have ended meanwhile
     assert open_fds() == fds
     assert ga.memory_stats("cpu")["allocated_bytes"] == mem
     with loader:
         next(iter(loader))
-    assert native_threads() <= threads  # a thread of an earlier test may have ended meanwhile
+    assert len(native_threads()) <= threads  # a thread of an earlier test may have ended meanwhile
 
 
 def test_len_stats_and_repr(rng):
@@ -340,8 +330,7 @@ def test_exit_while_iterating_is_clean(tmp_path):
         print("ok")
         """
     )
-    result = subprocess.run([sys.executable, "-c", script], timeout=60, capture_output=True, text=True,
-                            cwd=tempfile.gettempdir())
+    result = run_python("-c", script, timeout=60)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
 
 
@@ -451,9 +440,9 @@ print(faults, 3 * 20 * 64 * 64 * 64 * 3 * 4 // 4096)
 """
 
 
-def run_python(script, env=None, timeout=120):
-    result = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], timeout=timeout, capture_output=True,
-                            text=True, cwd=tempfile.gettempdir(), env=dict(os.environ, **(env or {})))
+def run_script_words(script, env=None):
+    """The words `script` prints, run in a fresh interpreter with `env`."""
+    result = run_python("-c", textwrap.dedent(script), env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout.split()
 
@@ -462,7 +451,7 @@ def test_dropped_batches_fault_in_no_new_pages():
     """Every batch of three epochs lands in memory whose pages are already
     there: far fewer minor faults than the pages the batches span (with
     freed blocks going back to the system, every page faults again)."""
-    faults, pages = (int(v) for v in run_python(FAULTS_SCRIPT))
+    faults, pages = (int(v) for v in run_script_words(FAULTS_SCRIPT))
     assert faults < pages // 20, "%d minor faults for %d pages of batches" % (faults, pages)
 
 
@@ -493,7 +482,7 @@ def test_pool_is_bounded(limit):
     bound ($GPUACCEL_HOST_CACHE_BYTES, 0: none), the rest goes back to the
     system; empty_cache() returns the rest."""
     env = {} if limit is None else {"GPUACCEL_HOST_CACHE_BYTES": str(limit)}
-    cached, bound, after_empty = (int(v) for v in run_python(BOUND_SCRIPT, env))
+    cached, bound, after_empty = (int(v) for v in run_script_words(BOUND_SCRIPT, env))
     if limit is not None:
         assert bound == limit
     assert cached <= bound and after_empty == 0

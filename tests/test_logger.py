@@ -13,6 +13,8 @@ import pytest
 
 import gpuaccel as ga
 
+from helpers import python_env
+
 torch = pytest.importorskip("torch")
 
 
@@ -40,7 +42,7 @@ def test_window_means_and_history_match_numpy(rng, every, steps):
     summary = log.flush()
     ref_loss = windows_reference(loss.astype(np.float32), every)
     assert [s for s, _ in seen] == [s for s, _ in ref_loss]
-    for (step, values), (_, want) in zip(seen, ref_loss):
+    for (_, values), (_, want) in zip(seen, ref_loss):
         assert values["loss"] == pytest.approx(want, rel=1e-6, abs=1e-6)
     for (_, values), (_, want) in zip(seen, windows_reference(acc, every)):
         assert values["acc"] == pytest.approx(want, rel=1e-12)
@@ -180,7 +182,8 @@ def test_distributed_mean_over_two_gloo_processes(tmp_path):
     )
     port = str(_free_port())
     procs = [subprocess.Popen([sys.executable, "-c", script, str(r), port, str(tmp_path)], cwd=tempfile.gettempdir(),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+                              env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(2)]
     for p in procs:
         out, err = p.communicate(timeout=120)
         assert p.returncode == 0, err

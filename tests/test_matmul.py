@@ -4,9 +4,10 @@ with this one."""
 
 import numpy as np
 import pytest
-from helpers import FLOAT_DTYPES, numpy_dtype
 
 import gpuaccel as ga
+
+from helpers import FLOAT_DTYPES, activation_grad_ref, activation_ref, assert_within, numpy_dtype, run_python
 
 torch = pytest.importorskip("torch")
 
@@ -15,14 +16,7 @@ TOL = {"float64": (1e-13, 1e-12), "float32": (3e-6, 3e-6), "float16": (2e-3, 2e-
 
 
 def check(got, ref, dtype, k):
-    atol, rtol = TOL[dtype]
-    got = np.asarray(got, dtype=np.float64)
-    bound = atol * max(1.0, np.sqrt(k)) + rtol * np.abs(ref)
-    err = np.abs(got - ref)
-    assert got.shape == ref.shape, (got.shape, ref.shape)
-    bad = ~(err <= bound)
-    assert not bad.any(), "%d/%d off, worst %g (bound there %g)" % (bad.sum(), bad.size, err.max(),
-                                                                   bound.flat[np.argmax(err)])
+    assert_within(got, ref, *TOL[dtype], k)
 
 
 def values(rng, shape, dtype):
@@ -30,24 +24,6 @@ def values(rng, shape, dtype):
     x = rng.standard_normal(shape)
     a = ga.asarray(x).astype(dtype)
     return a, a.astype("float64").numpy()
-
-
-def act_ref(z, activation):
-    if activation == "relu":
-        return np.maximum(z, 0)
-    if activation == "gelu":
-        return 0.5 * z * (1 + np.tanh(np.sqrt(2 / np.pi) * (z + 0.044715 * z ** 3)))
-    return z
-
-
-def act_grad_ref(z, activation):
-    if activation == "relu":
-        return (z > 0).astype(np.float64)
-    if activation == "gelu":
-        inner = np.sqrt(2 / np.pi) * (z + 0.044715 * z ** 3)
-        t = np.tanh(inner)
-        return 0.5 * (1 + t) + 0.5 * z * (1 - t * t) * np.sqrt(2 / np.pi) * (1 + 3 * 0.044715 * z * z)
-    return np.ones_like(z)
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
@@ -66,7 +42,7 @@ def test_matmul_bias_activation_and_out_dtype(rng, dtype, activation):
     a, ar = values(rng, (37, 29), dtype)
     b, br = values(rng, (29, 23), dtype)
     bias, biasr = values(rng, (23,), dtype)
-    ref = act_ref(ar @ br + biasr, activation)
+    ref = activation_ref(ar @ br + biasr, activation)
     d = ga.matmul(a, b, bias=bias, activation=activation)
     check(d.astype("float64").numpy(), ref, dtype, 29)
     if dtype in ("float16", "bfloat16"):
@@ -149,7 +125,7 @@ def test_linear_forward_and_backward(rng, dtype, activation, x_shape):
     b, br = values(rng, (n,), dtype)
     z = xr @ wr.T + br
     y, aux = ga.linear(x, w, b, activation, save_preactivation=True)
-    check(y.astype("float64").numpy(), act_ref(z, activation), dtype, k)
+    check(y.astype("float64").numpy(), activation_ref(z, activation), dtype, k)
     if activation == "relu":
         assert aux is y
     elif activation is None:
@@ -160,7 +136,7 @@ def test_linear_forward_and_backward(rng, dtype, activation, x_shape):
     gx, gw, gb = ga.linear_backward(gy, x, w, activation=activation, preactivation=aux)
     # the reference differentiates through the saved (rounded) pre-activation, as the kernels do
     zsaved = aux.astype("float64").numpy() if activation == "gelu" else z
-    dz = gyr * act_grad_ref(zsaved, activation)
+    dz = gyr * activation_grad_ref(zsaved, activation)
     m = int(np.prod(x_shape[:-1]))
     check(gx.astype("float64").numpy(), dz @ wr, dtype, n)
     check(gw.astype("float64").numpy(), dz.reshape(m, n).T @ xr.reshape(m, k), dtype, m)
@@ -231,10 +207,6 @@ def test_settings_and_stats():
 
 
 def test_cpu_results_do_not_depend_on_thread_count(rng, tmp_path):
-    import subprocess
-    import sys
-    import tempfile
-
     script = (
         "import numpy as np, gpuaccel as ga\n"
         "rng = np.random.default_rng(5)\n"
@@ -246,9 +218,9 @@ def test_cpu_results_do_not_depend_on_thread_count(rng, tmp_path):
     )
     outs = []
     for threads in ("1", "2", "3"):
-        env = dict(__import__("os").environ, GPUACCEL_NUM_THREADS=threads)
-        outs.append(subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                                   cwd=tempfile.gettempdir(), timeout=120, check=True).stdout)
+        result = run_python("-c", script, env={"GPUACCEL_NUM_THREADS": threads}, text=False)
+        assert result.returncode == 0, result.stderr.decode(errors="replace")
+        outs.append(result.stdout)
     assert outs[0] == outs[1] == outs[2] and len(outs[0]) == 300 * 190 * 4
 
 

@@ -7,12 +7,6 @@ import pytest
 import gpuaccel as ga
 
 
-@pytest.fixture
-def no_limit():
-    yield
-    ga.set_memory_limit(None, device="cpu")
-
-
 def test_stats_count_allocations():
     before = ga.memory_stats("cpu")
     a = ga.empty(1000, dtype="uint8")

@@ -4,13 +4,10 @@ happens to draw."""
 
 import numpy as np
 import pytest
-from helpers import assert_close
 
 import gpuaccel as ga
 
-
-def gelu(z):
-    return 0.5 * z * (1.0 + np.tanh(0.7978845608028654 * (z + 0.044715 * z ** 3)))
+from helpers import assert_close
 
 
 @pytest.mark.parametrize("view", ["step", "reversed", "broadcast"])

@@ -11,13 +11,11 @@ unraisable warning) still fails the test.
 `.ci/run` builds the simulator in a copy of the tree and runs this file.
 """
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
-from helpers import simulated
+
+from helpers import run_python, simulated
 
 pytestmark = pytest.mark.skipif(not simulated(), reason="needs a simulator build (GPUACCEL_SIM=1)")
 
@@ -29,10 +27,8 @@ import gpuaccel as ga
 
 
 def run_sim(code, devices=2, prelude=""):
-    env = dict(os.environ, GPUACCEL_SIM_DEVICES=str(devices))
-    proc = subprocess.run([sys.executable, "-c", PRELUDE + prelude + textwrap.dedent(code)], env=env,
-                          capture_output=True, text=True, timeout=300)
-    return proc
+    return run_python("-c", PRELUDE + prelude + textwrap.dedent(code), env={"GPUACCEL_SIM_DEVICES": str(devices)},
+                      timeout=300)
 
 
 def assert_ordered(code, devices=2, prelude=""):
@@ -297,7 +293,7 @@ def test_random_programs_over_streams_threads_and_devices():
 # ------------------------------------------- library kernels on the simulator
 # matmul, conv, the activation epilogues, the loader's normalize and the
 # logger's update run as their CPU twins over simulated device memory, so
-# the CUDA paths of csrc/ops.c, losslog.c and loader.c run end to end:
+# the CUDA paths of csrc/matmul.c, conv.c, logger.c and loader.c run end to end:
 # results are checked against the CPU device, ordering by the simulator.
 
 OPS_PRELUDE = """

@@ -12,9 +12,10 @@ import traceback
 
 import numpy as np
 import pytest
-from helpers import assert_no_leak, settle
 
 import gpuaccel as ga
+
+from helpers import assert_no_leak, native_threads, settle
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("psutil")
@@ -212,11 +213,11 @@ def _loader_cases(npy_file):
     torch_loader = ga.PinnedLoader([path], 32, transform=ga.ImageNormalize(0.5, 0.25, dtype="float32"))
 
     def full_epoch():
-        for xb, yb in loader:
+        for _ in loader:
             pass
 
     def break_early():
-        for i, batch in enumerate(loader):
+        for i, _ in enumerate(loader):
             if i == 1:
                 break
 
@@ -225,7 +226,7 @@ def _loader_cases(npy_file):
         next(it)  # dropped with batches in flight
 
     def torch_epoch():
-        for (xb,) in torch_loader:
+        for _ in torch_loader:
             pass
 
     def construct():
@@ -336,17 +337,6 @@ def test_leak_checker_catches_leaks():
 N_THREADS = 8
 N_ITERATIONS = 150
 JOIN_TIMEOUT = 120.0
-
-
-def _native_threads():
-    names = []
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open("/proc/self/task/%s/comm" % tid) as f:
-                names.append(f.read().strip())
-        except OSError:
-            pass
-    return sorted(names)
 
 
 def _run_threads(target, n=N_THREADS, timeout=JOIN_TIMEOUT):
@@ -474,7 +464,7 @@ def test_threads_mixed_work_is_exact(tmp_path):
                     n_batches += 1
                 assert pos == len(images)
             elif i % 4 == 2:
-                for j, (xb, yb) in enumerate(loader):  # and leaving an epoch early
+                for j, _ in enumerate(loader):  # and leaving an epoch early
                     if j == 2:
                         break
             # loggers: values exact in float32
@@ -501,11 +491,11 @@ def test_threads_mixed_work_is_exact(tmp_path):
             counters["exchanges"] += n_exchanges
             counters["logs"] += 2 * N_ITERATIONS
 
-    threads_before = _native_threads()
+    threads_before = native_threads()
     errors = _run_threads(work)
     assert not errors, "\n".join(errors)
-    assert settle(lambda: _native_threads() <= threads_before), (
-        "loader threads left running: %s, before %s" % (_native_threads(), threads_before))
+    assert settle(lambda: len(native_threads()) <= len(threads_before)), (
+        "loader threads left running: %s, before %s" % (native_threads(), threads_before))
 
     summary = shared_log.flush()
     steps, values = shared_log.history("loss", with_steps=True)

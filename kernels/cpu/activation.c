@@ -18,6 +18,7 @@
 
 #include "../activation.h"
 #include "../convert.h"
+#include "../internal.h"
 #include "floatrun.h"
 #include "parallel.h"
 
@@ -45,8 +46,7 @@ static void round_f(ga_dtype dtype, int64_t n, float *v)
         for (int64_t k = 0; k < n; k++)
             v[k] = (float)ga_bf16_to_f64(ga_f64_to_bf16(v[k]));
         break;
-    default: /* float32 and float64 hold every float */
-        break;
+    default: /* float32 and float64 hold every float */ break;
     }
 }
 
@@ -65,8 +65,7 @@ static void round_d(ga_dtype dtype, int64_t n, double *v)
         for (int64_t k = 0; k < n; k++)
             v[k] = (float)v[k];
         break;
-    default:
-        break;
+    default: break;
     }
 }
 
@@ -82,62 +81,9 @@ static int64_t abs64(int64_t v)
 
 /* ------------------------------------------------------------- layouts */
 
-/* Up to three same-shape tensors walked together (the rules of
- * epilogue.cu's EwLayout): dims of size 1 dropped, neighbours merged where
- * every tensor allows, the channel dim never merged so that its index can
- * be recovered. */
-typedef struct {
-    int ndim;
-    int chan; /* merged dim that holds the channel index; -1: none (index 0) */
-    int64_t shape[GA_MAX_NDIM];
-    int64_t strides[3][GA_MAX_NDIM]; /* bytes */
-} ew_layout;
-
-static int64_t ew_layout_make(const ga_tensor *shape_of, const ga_tensor *const t[3],
-                              int channel_dim, ew_layout *out)
-{
-    int64_t numel = 1;
-    int n = 0;
-    out->chan = -1;
-    for (int d = 0; d < shape_of->ndim; d++) {
-        int64_t size = shape_of->shape[d];
-        numel *= size;
-        if (size == 0)
-            return 0;
-        if (size == 1)
-            continue; /* a size-1 channel dim: the channel index is always 0 */
-        int64_t s[3];
-        for (int k = 0; k < 3; k++)
-            s[k] = t[k] ? t[k]->strides[d] : 0;
-        int merge = n > 0 && d != channel_dim && out->chan != n - 1;
-        for (int k = 0; k < 3 && merge; k++)
-            merge = out->strides[k][n - 1] == s[k] * size;
-        if (merge) {
-            out->shape[n - 1] *= size;
-            for (int k = 0; k < 3; k++)
-                out->strides[k][n - 1] = s[k];
-            continue;
-        }
-        out->shape[n] = size;
-        for (int k = 0; k < 3; k++)
-            out->strides[k][n] = s[k];
-        if (d == channel_dim)
-            out->chan = n;
-        n++;
-    }
-    if (n == 0) { /* a single element */
-        out->shape[0] = 1;
-        for (int k = 0; k < 3; k++)
-            out->strides[k][0] = 0;
-        n = 1;
-    }
-    out->ndim = n;
-    return numel;
-}
-
 /* Byte offsets of the start of row `row` (all dims but the innermost) and
  * its channel index (when the channel dim is not the innermost). */
-static void ew_row(const ew_layout *L, int64_t row, int64_t off[3], int64_t *chan)
+static void ew_row(const ga_ew_layout *L, int64_t row, int64_t off[3], int64_t *chan)
 {
     off[0] = off[1] = off[2] = 0;
     *chan = 0;
@@ -151,59 +97,8 @@ static void ew_row(const ew_layout *L, int64_t row, int64_t off[3], int64_t *cha
     }
 }
 
-/* The channel dim apart, the other dims (merged where the three tensors
- * allow) enumerated row-major as the reduced index r in [0, R). */
-typedef struct {
-    int ndim;
-    int64_t C, R;
-    int64_t cstride[3];
-    int64_t shape[GA_MAX_NDIM];
-    int64_t strides[3][GA_MAX_NDIM];
-} red_layout;
-
-static void red_layout_make(const ga_tensor *shape_of, const ga_tensor *const t[3],
-                            int channel_dim, red_layout *out)
-{
-    int n = 0;
-    out->C = shape_of->shape[channel_dim];
-    out->R = 1;
-    for (int k = 0; k < 3; k++)
-        out->cstride[k] = t[k] ? t[k]->strides[channel_dim] : 0;
-    for (int d = 0; d < shape_of->ndim; d++) {
-        if (d == channel_dim)
-            continue;
-        int64_t size = shape_of->shape[d];
-        out->R *= size;
-        if (size <= 1)
-            continue;
-        int64_t s[3];
-        for (int k = 0; k < 3; k++)
-            s[k] = t[k] ? t[k]->strides[d] : 0;
-        int merge = n > 0;
-        for (int k = 0; k < 3 && merge; k++)
-            merge = out->strides[k][n - 1] == s[k] * size;
-        if (merge) {
-            out->shape[n - 1] *= size;
-            for (int k = 0; k < 3; k++)
-                out->strides[k][n - 1] = s[k];
-            continue;
-        }
-        out->shape[n] = size;
-        for (int k = 0; k < 3; k++)
-            out->strides[k][n] = s[k];
-        n++;
-    }
-    if (n == 0) { /* R is 0 or 1: one dim of one element keeps the loops simple */
-        out->shape[0] = 1;
-        for (int k = 0; k < 3; k++)
-            out->strides[k][0] = 0;
-        n = 1;
-    }
-    out->ndim = n;
-}
-
 /* Byte offsets of the start of the innermost row holding index r. */
-static void red_row(const red_layout *L, int64_t r, int64_t off[3])
+static void red_row(const ga_red_layout *L, int64_t r, int64_t off[3])
 {
     off[0] = off[1] = off[2] = 0;
     r /= L->shape[L->ndim - 1];
@@ -215,59 +110,17 @@ static void red_row(const red_layout *L, int64_t r, int64_t off[3])
     }
 }
 
-/* -------------------------------------------------------------- checks */
-
-static int valid_float(ga_dtype dtype)
-{
-    return (unsigned)dtype < GA_NUM_DTYPES && ga_dtype_is_float(dtype);
-}
-
-static int valid_activation(ga_activation act)
-{
-    return act == GA_ACT_NONE || act == GA_ACT_RELU || act == GA_ACT_GELU;
-}
-
-static int same_shape(const ga_tensor *a, const ga_tensor *b)
-{
-    if (a->ndim != b->ndim)
-        return 0;
-    for (int d = 0; d < a->ndim; d++)
-        if (a->shape[d] != b->shape[d])
-            return 0;
-    return 1;
-}
-
-static int valid_shape(const ga_tensor *t)
-{
-    if (t->ndim < 0 || t->ndim > GA_MAX_NDIM)
-        return 0;
-    for (int d = 0; d < t->ndim; d++)
-        if (t->shape[d] < 0)
-            return 0;
-    return 1;
-}
-
-static int same_view(const ga_tensor *a, const ga_tensor *b)
-{
-    if (a->data != b->data || a->dtype != b->dtype || !same_shape(a, b))
-        return 0;
-    for (int d = 0; d < a->ndim; d++)
-        if (a->shape[d] > 1 && a->strides[d] != b->strides[d])
-            return 0;
-    return 1;
-}
-
 /* ------------------------------------------------------------- forward */
 
 typedef struct {
     const ga_bias_act_desc *d;
-    ew_layout L;
+    ga_ew_layout L;
     int f64;
 } bias_act_job;
 
 /* Elements [i, i + n) of one innermost row (n <= SEG). */
-static void bias_act_f(const bias_act_job *job, const char *x, char *y, char *pre,
-                       const int64_t *s, int64_t chan, int64_t i, int64_t n)
+static void bias_act_f(const bias_act_job *job, const char *x, char *y, char *pre, const int64_t *s,
+                       int64_t chan, int64_t i, int64_t n)
 {
     const ga_bias_act_desc *d = job->d;
     float v[SEG], b[SEG];
@@ -289,8 +142,8 @@ static void bias_act_f(const bias_act_job *job, const char *x, char *y, char *pr
     ga_scatter_f(d->y.dtype, y, s[1], n, v);
 }
 
-static void bias_act_d(const bias_act_job *job, const char *x, char *y, char *pre,
-                       const int64_t *s, int64_t chan, int64_t i, int64_t n)
+static void bias_act_d(const bias_act_job *job, const char *x, char *y, char *pre, const int64_t *s,
+                       int64_t chan, int64_t i, int64_t n)
 {
     const ga_bias_act_desc *d = job->d;
     double v[SEG], b[SEG];
@@ -317,7 +170,7 @@ static void bias_act_range(void *ctx, int64_t begin, int64_t end)
 {
     const bias_act_job *job = (const bias_act_job *)ctx;
     const ga_bias_act_desc *d = job->d;
-    const ew_layout *L = &job->L;
+    const ga_ew_layout *L = &job->L;
     int inner = L->ndim - 1;
     int64_t len = L->shape[inner];
     const int64_t s[3] = {L->strides[0][inner], L->strides[1][inner], L->strides[2][inner]};
@@ -338,34 +191,16 @@ static void bias_act_range(void *ctx, int64_t begin, int64_t end)
 
 ga_status ga_cpu_bias_activation(const ga_bias_act_desc *desc)
 {
+    GA_TRY_STATUS(ga_check_bias_act(desc, __func__));
     const ga_tensor *x = &desc->x, *y = &desc->y, *pre = &desc->preact;
     int has_pre = pre->data != NULL, has_bias = desc->bias != NULL;
-    if (!valid_float(x->dtype) || !valid_float(y->dtype) || (has_pre && !valid_float(pre->dtype)) ||
-        (has_bias && !valid_float(desc->bias_dtype)))
-        return GA_STATUS(GA_ERR_INVALID_VALUE, "bias_activation: tensors must be float16, "
-                                               "bfloat16, float32 or float64");
-    if (!valid_activation(desc->activation))
-        return GA_STATUS(GA_ERR_INVALID_VALUE, "bias_activation: unknown activation");
-    if (!valid_shape(x) || !same_shape(x, y) || (has_pre && !same_shape(x, pre)))
-        return GA_STATUS(GA_ERR_INVALID_VALUE, "bias_activation: x, y and preact must have one "
-                                               "shape");
-    if (has_bias && (desc->channel_dim < 0 || desc->channel_dim >= x->ndim))
-        return GA_STATUS(GA_ERR_INVALID_VALUE, "bias_activation: channel_dim out of range");
-
     bias_act_job job;
     const ga_tensor *ts[3] = {x, y, has_pre ? pre : NULL};
-    int64_t numel = ew_layout_make(x, ts, has_bias ? desc->channel_dim : -1, &job.L);
-    if (numel == 0)
-        return ga_ok();
-    if (!x->data || !y->data)
-        return GA_STATUS(GA_ERR_INVALID_VALUE, "bias_activation: x or y has no data");
-    /* y = x with nothing to add, apply or save: nothing to do */
-    if (!has_bias && !has_pre && desc->activation == GA_ACT_NONE && same_view(x, y))
+    int64_t numel = ga_ew_layout_make(x, ts, has_bias ? desc->channel_dim : -1, &job.L);
+    if (numel == 0 || ga_bias_act_is_noop(desc))
         return ga_ok();
     job.d = desc;
-    job.f64 = x->dtype == GA_FLOAT64 || y->dtype == GA_FLOAT64 ||
-              (has_pre && pre->dtype == GA_FLOAT64) ||
-              (has_bias && desc->bias_dtype == GA_FLOAT64);
+    job.f64 = ga_bias_act_in_double(desc);
     /* gelu costs a tanh per element: smaller tasks are still worth a thread */
     int64_t grain = desc->activation == GA_ACT_GELU ? GA_CPU_GRAIN / 8 : GA_CPU_GRAIN;
     ga_parallel_for(numel, grain, bias_act_range, &job);
@@ -381,8 +216,8 @@ typedef struct {
     int f64;
     const char *grad, *aux; /* aux: NULL without an activation */
     char *dz;               /* NULL: not written */
-    ew_layout L;            /* elementwise pass */
-    red_layout R;           /* with a bias gradient */
+    ga_ew_layout L;         /* elementwise pass */
+    ga_red_layout R;        /* with a bias gradient */
     int channel_inner;      /* the channel dim is the fastest-varying of grad_y */
     int64_t chunk_len, nchunks, cblock, ncblocks;
     void *partial; /* [nchunks][C] of the compute type */
@@ -437,7 +272,7 @@ static void dz_segment(const bwd_job *job, const int64_t off[3], const int64_t s
 static void act_backward_range(void *ctx, int64_t begin, int64_t end)
 {
     const bwd_job *job = (const bwd_job *)ctx;
-    const ew_layout *L = &job->L;
+    const ga_ew_layout *L = &job->L;
     int inner = L->ndim - 1;
     int64_t len = L->shape[inner];
     const int64_t s[3] = {L->strides[0][inner], L->strides[1][inner], L->strides[2][inner]};
@@ -482,10 +317,10 @@ static void sum_into(const bwd_job *job, void *acc, const void *v, int64_t n)
 
 /* Chunk [r0, r1) of channels [c0, c1), the channel the fastest-varying:
  * for each r, a run of channels summed into the chunk's partial row. */
-static void chunk_channel_inner(const bwd_job *job, int64_t r0, int64_t r1, int64_t c0,
-                                int64_t c1, char *part)
+static void chunk_channel_inner(const bwd_job *job, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
+                                char *part)
 {
-    const red_layout *R = &job->R;
+    const ga_red_layout *R = &job->R;
     size_t e = job->f64 ? sizeof(double) : sizeof(float);
     int inner = R->ndim - 1;
     double v[SEG];
@@ -506,10 +341,10 @@ static void chunk_channel_inner(const bwd_job *job, int64_t r0, int64_t r1, int6
 /* Chunk [r0, r1) of channels [c0, c1), the channel a slower dim: each
  * channel's elements of the chunk summed in order, an innermost run at a
  * time. */
-static void chunk_channel_outer(const bwd_job *job, int64_t r0, int64_t r1, int64_t c0,
-                                int64_t c1, char *part)
+static void chunk_channel_outer(const bwd_job *job, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
+                                char *part)
 {
-    const red_layout *R = &job->R;
+    const ga_red_layout *R = &job->R;
     size_t e = job->f64 ? sizeof(double) : sizeof(float);
     int inner = R->ndim - 1;
     int64_t len = R->shape[inner];
@@ -593,12 +428,12 @@ static void plan_chunks(bwd_job *job)
 static ga_status run_bias_grad(bwd_job *job, const ga_tensor *const ts[3])
 {
     const ga_act_backward_desc *d = job->d;
-    red_layout_make(&d->grad_y, ts, d->channel_dim, &job->R);
+    ga_red_layout_make(&d->grad_y, ts, d->channel_dim, &job->R);
     if (job->R.C == 0)
         return ga_ok();
     int inner = job->R.ndim - 1;
-    job->channel_inner = job->R.R > 1 && job->R.C > 1 &&
-                         abs64(job->R.cstride[0]) < abs64(job->R.strides[0][inner]);
+    job->channel_inner =
+        job->R.R > 1 && job->R.C > 1 && abs64(job->R.cstride[0]) < abs64(job->R.strides[0][inner]);
     plan_chunks(job);
     size_t e = job->f64 ? sizeof(double) : sizeof(float);
     job->partial = calloc((size_t)(job->nchunks * job->R.C), e);
@@ -618,49 +453,27 @@ static ga_status run_bias_grad(bwd_job *job, const ga_tensor *const ts[3])
 
 ga_status ga_cpu_activation_backward(const ga_act_backward_desc *desc)
 {
+    GA_TRY_STATUS(ga_check_act_backward(desc, __func__));
     const ga_tensor *g = &desc->grad_y, *aux = &desc->aux, *dz = &desc->dz;
     ga_activation act = desc->activation;
     int has_dz = dz->data != NULL, has_bg = desc->bias_grad != NULL;
-    if (!valid_activation(act))
-        return GA_STATUS(GA_ERR_INVALID_VALUE, "activation_backward: unknown activation");
-    if (!valid_float(g->dtype) || (act != GA_ACT_NONE && !valid_float(aux->dtype)) ||
-        (has_dz && !valid_float(dz->dtype)) || (has_bg && !valid_float(desc->bias_grad_dtype)))
-        return GA_STATUS(GA_ERR_INVALID_VALUE, "activation_backward: tensors must be float16, "
-                                               "bfloat16, float32 or float64");
-    if (!valid_shape(g) || (act != GA_ACT_NONE && !same_shape(g, aux)) ||
-        (has_dz && !same_shape(g, dz)))
-        return GA_STATUS(GA_ERR_INVALID_VALUE, "activation_backward: grad_y, aux and dz must "
-                                               "have one shape");
-    if (has_bg && (desc->channel_dim < 0 || desc->channel_dim >= g->ndim))
-        return GA_STATUS(GA_ERR_INVALID_VALUE, "activation_backward: channel_dim out of range");
-    if (!has_dz && !has_bg)
-        return ga_ok();
-    int64_t numel = 1;
-    for (int d = 0; d < g->ndim; d++)
-        numel *= g->shape[d];
-    if (numel > 0 && (!g->data || (act != GA_ACT_NONE && !aux->data)))
-        return GA_STATUS(GA_ERR_INVALID_VALUE, "activation_backward: grad_y or aux has no data");
-    /* dz = grad_y in place with no bias gradient: nothing to do */
-    if (act == GA_ACT_NONE && !has_bg && same_view(g, dz))
+    if (ga_act_backward_is_noop(desc))
         return ga_ok();
 
     bwd_job job;
     memset(&job, 0, sizeof job);
     job.d = desc;
     job.act = act;
-    /* the bias gradient sums dz as stored; without a dz, as dz's dtype would
-     * store it (grad_y's when dz carries no float dtype), as epilogue.cu */
-    job.sum_dtype = has_dz || valid_float(dz->dtype) ? dz->dtype : g->dtype;
-    job.f64 = g->dtype == GA_FLOAT64 || (act != GA_ACT_NONE && aux->dtype == GA_FLOAT64) ||
-              (has_dz && dz->dtype == GA_FLOAT64) ||
-              (has_bg && desc->bias_grad_dtype == GA_FLOAT64);
+    job.sum_dtype = ga_act_backward_sum_dtype(desc);
+    job.f64 = ga_act_backward_in_double(desc);
     job.grad = (const char *)g->data;
     job.aux = act != GA_ACT_NONE ? (const char *)aux->data : NULL;
     job.dz = has_dz ? (char *)dz->data : NULL;
     const ga_tensor *ts[3] = {g, act != GA_ACT_NONE ? aux : NULL, has_dz ? dz : NULL};
     if (has_bg)
         return run_bias_grad(&job, ts);
-    if (ew_layout_make(g, ts, -1, &job.L) == 0)
+    int64_t numel = ga_ew_layout_make(g, ts, -1, &job.L);
+    if (numel == 0)
         return ga_ok();
     int64_t grain = act == GA_ACT_GELU ? GA_CPU_GRAIN / 8 : GA_CPU_GRAIN;
     ga_parallel_for(numel, grain, act_backward_range, &job);

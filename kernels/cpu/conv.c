@@ -50,7 +50,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../activation.h"
 #include "../convert.h"
+#include "../internal.h"
 #include "floatrun.h"
 #include "parallel.h"
 
@@ -153,7 +155,6 @@ static void copy_out(char *dst, int64_t ds, const char *src, int64_t n, int64_t 
         memcpy(dst + k * ds, src + k * e, (size_t)e);
 }
 
-
 /* ---------------------------------------------------------------- shape */
 
 typedef struct {
@@ -163,31 +164,9 @@ typedef struct {
     int64_t N, C, H, W, K, R, S, P, Q;
     int64_t G, Cg, Kg, RS, CRS, CRSg;
     int64_t sh, sw, ph, pw, dh, dw;
-    int nhwc; /* the unfolded layout: col[pixel][g][r][s][c'] */
+    int nhwc;      /* the unfolded layout: col[pixel][g][r][s][c'] */
+    int pointwise; /* 1x1, stride 1, no padding: x may be the GEMM operand itself */
 } conv_shape;
-
-static int is_float(ga_dtype dtype)
-{
-    return (unsigned)dtype < GA_NUM_DTYPES && ga_dtype_is_float(dtype);
-}
-
-static int64_t numel(const ga_tensor *t)
-{
-    int64_t n = 1;
-    for (int d = 0; d < t->ndim; d++)
-        n *= t->shape[d];
-    return n;
-}
-
-static int same_shape(const ga_tensor *a, const ga_tensor *b)
-{
-    if (a->ndim != b->ndim)
-        return 0;
-    for (int d = 0; d < a->ndim; d++)
-        if (a->shape[d] != b->shape[d])
-            return 0;
-    return 1;
-}
 
 /* Checks x (N, C, H, W), w (K, C/groups, R, S) and y (N, K, P, Q) against
  * the geometry (x, y: dx, dy for the data gradient; w: dw for the filter
@@ -199,7 +178,7 @@ static ga_status conv_setup(const ga_conv_geometry *g, const ga_tensor *x, const
         return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: a NULL argument");
     if (x->ndim != 4 || w->ndim != 4 || y->ndim != 4)
         return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: x, w and y must be 4-D");
-    if (!is_float(x->dtype) || w->dtype != x->dtype || y->dtype != x->dtype)
+    if (!ga_dtype_is_float(x->dtype) || w->dtype != x->dtype || y->dtype != x->dtype)
         return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: x, w and y must share one dtype: "
                                                "float16, bfloat16, float32 or float64");
     for (int d = 0; d < 4; d++)
@@ -229,7 +208,7 @@ static ga_status conv_setup(const ga_conv_geometry *g, const ga_tensor *x, const
         y->shape[3] != out[1])
         return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: y must be (N, K, P, Q) with P and Q "
                                                "given by the geometry");
-    if ((numel(x) && !x->data) || (numel(w) && !w->data) || (numel(y) && !y->data))
+    if ((ga_numel(x) && !x->data) || (ga_numel(w) && !w->data) || (ga_numel(y) && !y->data))
         return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: a tensor with elements has no data");
 
     memset(s, 0, sizeof *s);
@@ -251,6 +230,7 @@ static ga_status conv_setup(const ga_conv_geometry *g, const ga_tensor *x, const
     int64_t sp = x->strides[s->W > 1 ? 3 : 2];
     sp = sp < 0 ? -sp : sp;
     s->nhwc = s->C > 1 && sc < sp;
+    s->pointwise = s->R == 1 && s->S == 1 && s->sh == 1 && s->sw == 1 && s->ph == 0 && s->pw == 0;
     return ga_ok();
 }
 
@@ -379,8 +359,8 @@ static void im2col(const conv_shape *s, const ga_tensor *x, int64_t n, int64_t p
                     for (int64_t g = 0; g < s->G; g++) {
                         char *d = dst + (g * s->CRSg + (r * s->S + sx) * s->Cg) * e;
                         if (inside)
-                            copy_in(d, xn + g * s->Cg * st[1] + h * st[2] + w * st[3], st[1],
-                                    s->Cg, e);
+                            copy_in(d, xn + g * s->Cg * st[1] + h * st[2] + w * st[3], st[1], s->Cg,
+                                    e);
                         else
                             memset(d, 0, (size_t)(s->Cg * e));
                     }
@@ -509,8 +489,8 @@ static int64_t band_rows(int64_t extent, int64_t width, int64_t row_bytes, int64
 static ga_status out_of_memory(void)
 {
     return ga_status_make(GA_ERR_HOST_OUT_OF_MEMORY, 0, NULL,
-                          "could not allocate the convolution's buffers", "ga_cpu_conv2d",
-                          __FILE__, __LINE__);
+                          "could not allocate the convolution's buffers", "ga_cpu_conv2d", __FILE__,
+                          __LINE__);
 }
 
 static char *alloc_bytes(int64_t bytes)
@@ -590,18 +570,16 @@ ga_status ga_cpu_conv2d_forward(const ga_conv_desc *desc)
     GA_TRY_STATUS(conv_setup(&desc->geom, &desc->x, &desc->w, &desc->y, &op.s));
     const conv_shape *s = &op.s;
     int has_pre = desc->preact.data != NULL;
-    if (desc->activation != GA_ACT_NONE && desc->activation != GA_ACT_RELU &&
-        desc->activation != GA_ACT_GELU)
+    if (!ga_activation_is_valid(desc->activation))
         return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: unknown activation");
-    if (has_pre && (!same_shape(&desc->preact, &desc->y) || desc->preact.dtype != s->dtype))
+    if (has_pre && (!ga_same_shape(&desc->preact, &desc->y) || desc->preact.dtype != s->dtype))
         return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: preact must have y's shape and dtype");
-    if (numel(&desc->y) == 0)
+    if (ga_numel(&desc->y) == 0)
         return ga_ok();
 
     op.desc = desc;
     op.xm = as_matrix(&desc->x, s->e);
-    op.shortcut = s->R == 1 && s->S == 1 && s->sh == 1 && s->sw == 1 && s->ph == 0 &&
-                  s->pw == 0 && op.xm.ok;
+    op.shortcut = s->pointwise && op.xm.ok;
     op.ym = as_matrix(&desc->y, s->e);
     if (has_pre)
         op.pm = as_matrix(&desc->preact, s->e);
@@ -649,59 +627,57 @@ typedef struct {
  * pixels of output rows [pa, ...): every element sums its terms in (r, s)
  * order, in the compute type T, and is rounded once.  acc: W (channels-
  * first) or C (channels-last) values. */
-#define GA_DEFINE_COL2IM(T, SUFFIX, STORE)                                      \
-    static void col2im_##SUFFIX(const conv_shape *s, const T *dcol, int64_t M,   \
-                                int64_t pa, int64_t h0, int64_t h1, T *acc,      \
-                                const ga_tensor *dx, int64_t n)                  \
-    {                                                                           \
-        const int64_t *st = dx->strides;                                        \
-        char *dxn = (char *)dx->data + n * st[0];                               \
-        int64_t Q = s->Q;                                                       \
-        if (!s->nhwc) {                                                         \
-            for (int64_t c = 0; c < s->C; c++)                                  \
-                for (int64_t h = h0; h < h1; h++) {                             \
-                    memset(acc, 0, (size_t)s->W * sizeof *acc);                 \
-                    for (int64_t r = 0; r < s->R; r++) {                        \
-                        int64_t t = h + s->ph - r * s->dh;                      \
-                        if (t < 0 || t % s->sh || t / s->sh >= s->P)            \
-                            continue;                                           \
-                        const T *base = dcol + (c * s->R + r) * s->S * M +      \
-                                        (t / s->sh - pa) * Q;                   \
-                        for (int64_t sx = 0; sx < s->S; sx++) {                 \
-                            int64_t lo, hi, off = sx * s->dw - s->pw;           \
-                            q_range(s, sx, &lo, &hi);                           \
-                            const T *row = base + sx * M;                       \
-                            for (int64_t q = lo; q < hi; q++)                   \
-                                acc[q * s->sw + off] += row[q];                 \
-                        }                                                       \
-                    }                                                           \
-                    STORE(s->dtype, dxn + c * st[1] + h * st[2], st[3], s->W, acc); \
-                }                                                               \
-            return;                                                             \
-        }                                                                       \
-        for (int64_t h = h0; h < h1; h++)                                       \
-            for (int64_t w = 0; w < s->W; w++) {                                \
-                memset(acc, 0, (size_t)s->C * sizeof *acc);                     \
-                for (int64_t r = 0; r < s->R; r++) {                            \
-                    int64_t t = h + s->ph - r * s->dh;                          \
-                    if (t < 0 || t % s->sh || t / s->sh >= s->P)                \
-                        continue;                                               \
-                    for (int64_t sx = 0; sx < s->S; sx++) {                     \
-                        int64_t u = w + s->pw - sx * s->dw;                     \
-                        if (u < 0 || u % s->sw || u / s->sw >= Q)               \
-                            continue;                                           \
-                        const T *src = dcol + ((t / s->sh - pa) * Q + u / s->sw) * s->CRS + \
-                                       (r * s->S + sx) * s->Cg;                 \
-                        for (int64_t g = 0; g < s->G; g++) {                    \
-                            const T *sg = src + g * s->CRSg;                    \
-                            T *ag = acc + g * s->Cg;                            \
-                            for (int64_t cg = 0; cg < s->Cg; cg++)              \
-                                ag[cg] += sg[cg];                               \
-                        }                                                       \
-                    }                                                           \
-                }                                                               \
-                STORE(s->dtype, dxn + h * st[2] + w * st[3], st[1], s->C, acc); \
-            }                                                                   \
+#define GA_DEFINE_COL2IM(T, SUFFIX, STORE)                                                       \
+    static void col2im_##SUFFIX(const conv_shape *s, const T *dcol, int64_t M, int64_t pa,       \
+                                int64_t h0, int64_t h1, T *acc, const ga_tensor *dx, int64_t n)  \
+    {                                                                                            \
+        const int64_t *st = dx->strides;                                                         \
+        char *dxn = (char *)dx->data + n * st[0];                                                \
+        int64_t Q = s->Q;                                                                        \
+        if (!s->nhwc) {                                                                          \
+            for (int64_t c = 0; c < s->C; c++)                                                   \
+                for (int64_t h = h0; h < h1; h++) {                                              \
+                    memset(acc, 0, (size_t)s->W * sizeof *acc);                                  \
+                    for (int64_t r = 0; r < s->R; r++) {                                         \
+                        int64_t t = h + s->ph - r * s->dh;                                       \
+                        if (t < 0 || t % s->sh || t / s->sh >= s->P)                             \
+                            continue;                                                            \
+                        const T *base = dcol + (c * s->R + r) * s->S * M + (t / s->sh - pa) * Q; \
+                        for (int64_t sx = 0; sx < s->S; sx++) {                                  \
+                            int64_t lo, hi, off = sx * s->dw - s->pw;                            \
+                            q_range(s, sx, &lo, &hi);                                            \
+                            const T *row = base + sx * M;                                        \
+                            for (int64_t q = lo; q < hi; q++)                                    \
+                                acc[q * s->sw + off] += row[q];                                  \
+                        }                                                                        \
+                    }                                                                            \
+                    STORE(s->dtype, dxn + c * st[1] + h * st[2], st[3], s->W, acc);              \
+                }                                                                                \
+            return;                                                                              \
+        }                                                                                        \
+        for (int64_t h = h0; h < h1; h++)                                                        \
+            for (int64_t w = 0; w < s->W; w++) {                                                 \
+                memset(acc, 0, (size_t)s->C * sizeof *acc);                                      \
+                for (int64_t r = 0; r < s->R; r++) {                                             \
+                    int64_t t = h + s->ph - r * s->dh;                                           \
+                    if (t < 0 || t % s->sh || t / s->sh >= s->P)                                 \
+                        continue;                                                                \
+                    for (int64_t sx = 0; sx < s->S; sx++) {                                      \
+                        int64_t u = w + s->pw - sx * s->dw;                                      \
+                        if (u < 0 || u % s->sw || u / s->sw >= Q)                                \
+                            continue;                                                            \
+                        const T *src = dcol + ((t / s->sh - pa) * Q + u / s->sw) * s->CRS +      \
+                                       (r * s->S + sx) * s->Cg;                                  \
+                        for (int64_t g = 0; g < s->G; g++) {                                     \
+                            const T *sg = src + g * s->CRSg;                                     \
+                            T *ag = acc + g * s->Cg;                                             \
+                            for (int64_t cg = 0; cg < s->Cg; cg++)                               \
+                                ag[cg] += sg[cg];                                                \
+                        }                                                                        \
+                    }                                                                            \
+                }                                                                                \
+                STORE(s->dtype, dxn + h * st[2] + w * st[3], st[1], s->C, acc);                  \
+            }                                                                                    \
     }
 
 GA_DEFINE_COL2IM(float, f, ga_scatter_f)
@@ -762,8 +738,8 @@ static ga_status bwd_data_unit(const void *ctx, char *slot, int64_t task)
     }
     if (!op->shortcut) {
         if (s->cdtype == GA_FLOAT64)
-            col2im_d(s, (const double *)out.data, M, pa, h0, h1,
-                     (double *)(slot + op->acc_at), op->dx, n);
+            col2im_d(s, (const double *)out.data, M, pa, h0, h1, (double *)(slot + op->acc_at),
+                     op->dx, n);
         else
             col2im_f(s, (const float *)out.data, M, pa, h0, h1, (float *)(slot + op->acc_at),
                      op->dx, n);
@@ -778,15 +754,14 @@ ga_status ga_cpu_conv2d_backward_data(const ga_conv_geometry *geom, const ga_ten
     memset(&op, 0, sizeof op);
     GA_TRY_STATUS(conv_setup(geom, dx, w, dy, &op.s));
     const conv_shape *s = &op.s;
-    if (numel(dx) == 0)
+    if (ga_numel(dx) == 0)
         return ga_ok();
     op.dy = dy;
     op.dx = dx;
     op.dym = as_matrix(dy, s->e);
     op.direct = op.dym.ok;
     op.dxm = as_matrix(dx, s->e);
-    op.shortcut = s->R == 1 && s->S == 1 && s->sh == 1 && s->sw == 1 && s->ph == 0 &&
-                  s->pw == 0 && op.dxm.ok;
+    op.shortcut = s->pointwise && op.dxm.ok;
 
     /* a band of `band` input rows reads at most (band - 1 + halo) / stride + 1 output rows */
     int64_t threads = ga_cpu_num_threads(), halo = (s->R - 1) * s->dh;
@@ -900,8 +875,8 @@ static void store_dw(void *ctx, int64_t k0, int64_t k1)
             for (int64_t r = 0; r < s->R; r++)
                 for (int64_t sx = 0; sx < s->S; sx++) {
                     int64_t i = k * s->CRSg + crs_index(s, cg, r, sx);
-                    char *dst = (char *)op->dw->data + k * st[0] + cg * st[1] + r * st[2] +
-                                sx * st[3];
+                    char *dst =
+                        (char *)op->dw->data + k * st[0] + cg * st[1] + r * st[2] + sx * st[3];
                     if (s->cdtype == GA_FLOAT64) {
                         double v = 0.0;
                         for (int64_t j = 0; j < op->parts; j++)
@@ -923,14 +898,13 @@ ga_status ga_cpu_conv2d_backward_filter(const ga_conv_geometry *geom, const ga_t
     memset(&op, 0, sizeof op);
     GA_TRY_STATUS(conv_setup(geom, x, dw, dy, &op.s));
     const conv_shape *s = &op.s;
-    if (numel(dw) == 0)
+    if (ga_numel(dw) == 0)
         return ga_ok();
     op.x = x;
     op.dy = dy;
     op.dw = dw;
     op.xm = as_matrix(x, s->e);
-    op.shortcut = s->R == 1 && s->S == 1 && s->sh == 1 && s->sw == 1 && s->ph == 0 &&
-                  s->pw == 0 && op.xm.ok;
+    op.shortcut = s->pointwise && op.xm.ok;
     op.dym = as_matrix(dy, s->e);
     op.direct = op.dym.ok;
 
@@ -961,8 +935,8 @@ ga_status ga_cpu_conv2d_backward_filter(const ga_conv_geometry *geom, const ga_t
     if (op.parts > 0) /* no images: dw = 0 */
         st = run_tasks(bwd_filter_part, &op, op.parts, mem + acc_bytes, slot_bytes, nslots);
     if (!st.error)
-        ga_parallel_for(s->K, 1 + GA_CPU_GRAIN / max64(1, s->CRSg * max64(1, op.parts)),
-                        store_dw, &op);
+        ga_parallel_for(s->K, 1 + GA_CPU_GRAIN / max64(1, s->CRSg * max64(1, op.parts)), store_dw,
+                        &op);
     free(mem);
     return st;
 }

@@ -14,8 +14,8 @@
 
 /* Element runs converted to the compute type: dtype switch outside the loop
  * (convert.h's exact conversions; a float16 or bfloat16 widens exactly). */
-static inline void ga_gather_f(ga_dtype dtype, const char *src, int64_t stride, int64_t n, void *out_,
-                                    int64_t out_stride)
+static inline void ga_gather_f(ga_dtype dtype, const char *src, int64_t stride, int64_t n,
+                               void *out_, int64_t out_stride)
 {
     float *out = (float *)out_;
     switch (dtype) {
@@ -42,8 +42,8 @@ static inline void ga_gather_f(ga_dtype dtype, const char *src, int64_t stride, 
     }
 }
 
-static inline void ga_gather_d(ga_dtype dtype, const char *src, int64_t stride, int64_t n, void *out_,
-                                    int64_t out_stride)
+static inline void ga_gather_d(ga_dtype dtype, const char *src, int64_t stride, int64_t n,
+                               void *out_, int64_t out_stride)
 {
     double *out = (double *)out_;
     switch (dtype) {
@@ -71,7 +71,8 @@ static inline void ga_gather_d(ga_dtype dtype, const char *src, int64_t stride, 
 }
 
 /* v[0, n) rounded once to `dtype` (round to nearest even, as the GPU). */
-static inline void ga_scatter_f(ga_dtype dtype, char *dst, int64_t stride, int64_t n, const float *v)
+static inline void ga_scatter_f(ga_dtype dtype, char *dst, int64_t stride, int64_t n,
+                                const float *v)
 {
     switch (dtype) {
     case GA_FLOAT16:
@@ -97,7 +98,8 @@ static inline void ga_scatter_f(ga_dtype dtype, char *dst, int64_t stride, int64
     }
 }
 
-static inline void ga_scatter_d(ga_dtype dtype, char *dst, int64_t stride, int64_t n, const double *v)
+static inline void ga_scatter_d(ga_dtype dtype, char *dst, int64_t stride, int64_t n,
+                                const double *v)
 {
     switch (dtype) {
     case GA_FLOAT16:

@@ -137,42 +137,42 @@ static void kernel_f64_generic(int64_t kc, const void *ap, const void *bp, void 
  * contracts a * b + c into an FMA, and auto-vectorized fmaf() code keeps the
  * tile in memory instead of registers.  The 12 accumulators are named
  * variables, not an array: GCC spills an array to the stack every step. */
-#define GA_FMA_ROW(i, T, FMA, BCAST)                                            \
-    do {                                                                        \
-        T ai_ = BCAST(a + (i));                                                 \
-        c##i##0 = FMA(ai_, b0, c##i##0);                                        \
-        c##i##1 = FMA(ai_, b1, c##i##1);                                        \
+#define GA_FMA_ROW(i, T, FMA, BCAST)     \
+    do {                                 \
+        T ai_ = BCAST(a + (i));          \
+        c##i##0 = FMA(ai_, b0, c##i##0); \
+        c##i##1 = FMA(ai_, b1, c##i##1); \
     } while (0)
 
-#define GA_FMA_TILE(T, W, LOAD, STORE, ZERO, FMA, BCAST)                        \
-    do {                                                                        \
-        T c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51;           \
-        if (first) {                                                            \
-            c00 = c01 = c10 = c11 = c20 = c21 = ZERO();                         \
-            c30 = c31 = c40 = c41 = c50 = c51 = ZERO();                         \
-        } else {                                                                \
-            c00 = LOAD(c + 0 * 2 * W), c01 = LOAD(c + 0 * 2 * W + W);           \
-            c10 = LOAD(c + 1 * 2 * W), c11 = LOAD(c + 1 * 2 * W + W);           \
-            c20 = LOAD(c + 2 * 2 * W), c21 = LOAD(c + 2 * 2 * W + W);           \
-            c30 = LOAD(c + 3 * 2 * W), c31 = LOAD(c + 3 * 2 * W + W);           \
-            c40 = LOAD(c + 4 * 2 * W), c41 = LOAD(c + 4 * 2 * W + W);           \
-            c50 = LOAD(c + 5 * 2 * W), c51 = LOAD(c + 5 * 2 * W + W);           \
-        }                                                                       \
-        for (int64_t k = 0; k < kc; k++, a += MR, b += 2 * W) {                 \
-            T b0 = LOAD(b), b1 = LOAD(b + W);                                   \
-            GA_FMA_ROW(0, T, FMA, BCAST);                                       \
-            GA_FMA_ROW(1, T, FMA, BCAST);                                       \
-            GA_FMA_ROW(2, T, FMA, BCAST);                                       \
-            GA_FMA_ROW(3, T, FMA, BCAST);                                       \
-            GA_FMA_ROW(4, T, FMA, BCAST);                                       \
-            GA_FMA_ROW(5, T, FMA, BCAST);                                       \
-        }                                                                       \
-        STORE(c + 0 * 2 * W, c00), STORE(c + 0 * 2 * W + W, c01);               \
-        STORE(c + 1 * 2 * W, c10), STORE(c + 1 * 2 * W + W, c11);               \
-        STORE(c + 2 * 2 * W, c20), STORE(c + 2 * 2 * W + W, c21);               \
-        STORE(c + 3 * 2 * W, c30), STORE(c + 3 * 2 * W + W, c31);               \
-        STORE(c + 4 * 2 * W, c40), STORE(c + 4 * 2 * W + W, c41);               \
-        STORE(c + 5 * 2 * W, c50), STORE(c + 5 * 2 * W + W, c51);               \
+#define GA_FMA_TILE(T, W, LOAD, STORE, ZERO, FMA, BCAST)              \
+    do {                                                              \
+        T c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51; \
+        if (first) {                                                  \
+            c00 = c01 = c10 = c11 = c20 = c21 = ZERO();               \
+            c30 = c31 = c40 = c41 = c50 = c51 = ZERO();               \
+        } else {                                                      \
+            c00 = LOAD(c + 0 * 2 * W), c01 = LOAD(c + 0 * 2 * W + W); \
+            c10 = LOAD(c + 1 * 2 * W), c11 = LOAD(c + 1 * 2 * W + W); \
+            c20 = LOAD(c + 2 * 2 * W), c21 = LOAD(c + 2 * 2 * W + W); \
+            c30 = LOAD(c + 3 * 2 * W), c31 = LOAD(c + 3 * 2 * W + W); \
+            c40 = LOAD(c + 4 * 2 * W), c41 = LOAD(c + 4 * 2 * W + W); \
+            c50 = LOAD(c + 5 * 2 * W), c51 = LOAD(c + 5 * 2 * W + W); \
+        }                                                             \
+        for (int64_t k = 0; k < kc; k++, a += MR, b += 2 * W) {       \
+            T b0 = LOAD(b), b1 = LOAD(b + W);                         \
+            GA_FMA_ROW(0, T, FMA, BCAST);                             \
+            GA_FMA_ROW(1, T, FMA, BCAST);                             \
+            GA_FMA_ROW(2, T, FMA, BCAST);                             \
+            GA_FMA_ROW(3, T, FMA, BCAST);                             \
+            GA_FMA_ROW(4, T, FMA, BCAST);                             \
+            GA_FMA_ROW(5, T, FMA, BCAST);                             \
+        }                                                             \
+        STORE(c + 0 * 2 * W, c00), STORE(c + 0 * 2 * W + W, c01);     \
+        STORE(c + 1 * 2 * W, c10), STORE(c + 1 * 2 * W + W, c11);     \
+        STORE(c + 2 * 2 * W, c20), STORE(c + 2 * 2 * W + W, c21);     \
+        STORE(c + 3 * 2 * W, c30), STORE(c + 3 * 2 * W + W, c31);     \
+        STORE(c + 4 * 2 * W, c40), STORE(c + 4 * 2 * W + W, c41);     \
+        STORE(c + 5 * 2 * W, c50), STORE(c + 5 * 2 * W + W, c51);     \
     } while (0)
 
 GA_TARGET_FMA static void kernel_f32_fma(int64_t kc, const void *ap, const void *bp, void *cp,
@@ -180,8 +180,8 @@ GA_TARGET_FMA static void kernel_f32_fma(int64_t kc, const void *ap, const void 
 {
     const float *a = (const float *)ap, *b = (const float *)bp;
     float *c = (float *)cp;
-    GA_FMA_TILE(__m256, 8, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_setzero_ps,
-                _mm256_fmadd_ps, _mm256_broadcast_ss);
+    GA_FMA_TILE(__m256, 8, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_setzero_ps, _mm256_fmadd_ps,
+                _mm256_broadcast_ss);
 }
 
 GA_TARGET_FMA static void kernel_f64_fma(int64_t kc, const void *ap, const void *bp, void *cp,
@@ -189,8 +189,8 @@ GA_TARGET_FMA static void kernel_f64_fma(int64_t kc, const void *ap, const void 
 {
     const double *a = (const double *)ap, *b = (const double *)bp;
     double *c = (double *)cp;
-    GA_FMA_TILE(__m256d, 4, _mm256_loadu_pd, _mm256_storeu_pd, _mm256_setzero_pd,
-                _mm256_fmadd_pd, _mm256_broadcast_sd);
+    GA_FMA_TILE(__m256d, 4, _mm256_loadu_pd, _mm256_storeu_pd, _mm256_setzero_pd, _mm256_fmadd_pd,
+                _mm256_broadcast_sd);
 }
 
 static int cpu_has_fma(void)
@@ -271,8 +271,8 @@ static size_t align64(size_t bytes)
 /* src (element [0, 0] of the block) mc x kc into slivers of MR rows, each
  * k-major (MR values per k), the rows past mc zero.  The loop order follows
  * the smaller stride so that the source is read in order. */
-static void pack_a(const gemm_kind *kind, char *dst, const operand *A, const char *src,
-                   int64_t mc, int64_t kc)
+static void pack_a(const gemm_kind *kind, char *dst, const operand *A, const char *src, int64_t mc,
+                   int64_t kc)
 {
     size_t e = kind->elem;
     for (int64_t p = 0; p < mc; p += MR, dst += (size_t)(kc * MR) * e) {
@@ -292,8 +292,8 @@ static void pack_a(const gemm_kind *kind, char *dst, const operand *A, const cha
 
 /* src kc x nc into panels of NR columns, each k-major, the columns past nc
  * zero. */
-static void pack_b(const gemm_kind *kind, char *dst, const operand *B, const char *src,
-                   int64_t kc, int64_t nc)
+static void pack_b(const gemm_kind *kind, char *dst, const operand *B, const char *src, int64_t kc,
+                   int64_t nc)
 {
     size_t e = kind->elem;
     int64_t nr = kind->nr;
@@ -536,16 +536,6 @@ static void row_sums_range(void *ctx, int64_t begin, int64_t end)
 
 /* ---------------------------------------------------------- validation */
 
-static int is_float(ga_dtype dtype)
-{
-    return (unsigned)dtype < GA_NUM_DTYPES && ga_dtype_is_float(dtype);
-}
-
-static int is_activation(ga_activation act)
-{
-    return act == GA_ACT_NONE || act == GA_ACT_RELU || act == GA_ACT_GELU;
-}
-
 static int is_m_by_n(const ga_matrix *m, int64_t rows, int64_t cols)
 {
     return m->rows == rows && m->cols == cols;
@@ -567,14 +557,14 @@ static ga_status check_desc(const ga_matmul_desc *d)
         return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: a's columns must equal b's rows");
     if (!is_m_by_n(out, M, N))
         return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: d must have a's rows and b's columns");
-    if (!is_float(a->dtype) || b->dtype != a->dtype)
+    if (!ga_dtype_is_float(a->dtype) || b->dtype != a->dtype)
         return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: a and b must share one dtype: float16, "
                                                "bfloat16, float32 or float64");
     int narrow = a->dtype == GA_FLOAT16 || a->dtype == GA_BFLOAT16;
     if (out->dtype != a->dtype && !(narrow && out->dtype == GA_FLOAT32))
         return GA_STATUS(GA_ERR_INVALID_VALUE,
                          "matmul: d must have a's dtype, or float32 for float16/bfloat16 inputs");
-    if (!is_activation(d->activation) || !is_activation(d->dact))
+    if (!ga_activation_is_valid(d->activation) || !ga_activation_is_valid(d->dact))
         return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: unknown activation");
     int forward = d->bias || d->activation != GA_ACT_NONE || d->preact.data;
     int backward = d->dact != GA_ACT_NONE || d->col_sums;

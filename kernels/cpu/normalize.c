@@ -38,8 +38,8 @@ typedef struct {
     const ga_normalize_desc *d;
     const unsigned char *table; /* [channel][value] -> the output element's bytes */
     size_t out_size;
-    int vector;                 /* the AVX2 loops apply */
-    int64_t period;             /* NHWC: elements before the channel pattern repeats */
+    int vector;     /* the AVX2 loops apply */
+    int64_t period; /* NHWC: elements before the channel pattern repeats */
     /* per-lane multiplier and offset over one period (NCHW: one per channel) */
     float scale_f[GA_NORMALIZE_MAX_PERIOD], shift_f[GA_NORMALIZE_MAX_PERIOD];
     double scale_d[GA_NORMALIZE_MAX_PERIOD], shift_d[GA_NORMALIZE_MAX_PERIOD];
@@ -57,22 +57,22 @@ static ga_status check(const ga_normalize_desc *d)
 /* ------------------------------------------------------ table lookup */
 
 /* Elements of one size at a time, so the copies compile to plain moves. */
-#define GA_NORMALIZE_PIXELS(TYPE)                                                \
-    do {                                                                        \
-        const TYPE *lut = (const TYPE *)job->table;                             \
-        TYPE *dst = (TYPE *)out;                                                \
-        if (job->d->nchw) {                                                     \
-            for (int64_t ch = 0; ch < c; ch++) {                                \
-                const TYPE *row = lut + ch * 256;                               \
-                TYPE *plane = dst + ch * hw;                                    \
-                for (int64_t p = p0; p < p1; p++)                               \
-                    plane[p] = row[src[p * c + ch]];                            \
-            }                                                                   \
-        } else {                                                                \
-            for (int64_t p = p0; p < p1; p++)                                   \
-                for (int64_t ch = 0; ch < c; ch++)                              \
-                    dst[p * c + ch] = lut[ch * 256 + src[p * c + ch]];          \
-        }                                                                       \
+#define GA_NORMALIZE_PIXELS(TYPE)                                      \
+    do {                                                               \
+        const TYPE *lut = (const TYPE *)job->table;                    \
+        TYPE *dst = (TYPE *)out;                                       \
+        if (job->d->nchw) {                                            \
+            for (int64_t ch = 0; ch < c; ch++) {                       \
+                const TYPE *row = lut + ch * 256;                      \
+                TYPE *plane = dst + ch * hw;                           \
+                for (int64_t p = p0; p < p1; p++)                      \
+                    plane[p] = row[src[p * c + ch]];                   \
+            }                                                          \
+        } else {                                                       \
+            for (int64_t p = p0; p < p1; p++)                          \
+                for (int64_t ch = 0; ch < c; ch++)                     \
+                    dst[p * c + ch] = lut[ch * 256 + src[p * c + ch]]; \
+        }                                                              \
     } while (0)
 
 /* Pixels [p0, p1) of one image (src: its first pixel; out: its output). */
@@ -120,9 +120,7 @@ store8(const normalize_job *job, ga_dtype dtype, __m128i x, int64_t k, void *dst
     __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(wide), _mm256_loadu_ps(job->scale_f + k),
                                _mm256_loadu_ps(job->shift_f + k));
     switch (dtype) {
-    case GA_FLOAT32:
-        _mm256_storeu_ps((float *)dst, v);
-        break;
+    case GA_FLOAT32: _mm256_storeu_ps((float *)dst, v); break;
     case GA_FLOAT16:
         _mm_storeu_si128((__m128i *)dst, _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
         break;
@@ -131,8 +129,8 @@ store8(const normalize_job *job, ga_dtype dtype, __m128i x, int64_t k, void *dst
         __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
         bits = _mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7fff)));
         bits = _mm256_srli_epi32(bits, 16);
-        __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(bits),
-                                          _mm256_extracti128_si256(bits, 1));
+        __m128i packed =
+            _mm_packus_epi32(_mm256_castsi256_si128(bits), _mm256_extracti128_si256(bits, 1));
         _mm_storeu_si128((__m128i *)dst, packed);
         break;
     }
@@ -199,12 +197,11 @@ vector_planar3(const normalize_job *job, ga_dtype dtype, const uint8_t *src, voi
 }
 
 /* The vector loop for one image, instantiated per output dtype. */
-#define GA_NORMALIZE_VECTOR_IMAGE(NAME, DTYPE)                                          \
-    GA_TARGET_AVX2 static int64_t NAME(const normalize_job *job, const uint8_t *src,    \
-                                       void *out)                                       \
-    {                                                                                   \
-        return job->d->nchw && job->d->c == 3 ? vector_planar3(job, DTYPE, src, out)    \
-                                              : vector_interleaved(job, DTYPE, src, out); \
+#define GA_NORMALIZE_VECTOR_IMAGE(NAME, DTYPE)                                                  \
+    GA_TARGET_AVX2 static int64_t NAME(const normalize_job *job, const uint8_t *src, void *out) \
+    {                                                                                           \
+        return job->d->nchw && job->d->c == 3 ? vector_planar3(job, DTYPE, src, out)            \
+                                              : vector_interleaved(job, DTYPE, src, out);       \
     }
 GA_NORMALIZE_VECTOR_IMAGE(vector_image_f16, GA_FLOAT16)
 GA_NORMALIZE_VECTOR_IMAGE(vector_image_bf16, GA_BFLOAT16)
@@ -291,8 +288,8 @@ ga_status ga_cpu_normalize_images(const ga_normalize_desc *desc)
     normalize_job *job = malloc(sizeof *job + (size_t)desc->c * 256 * out_size);
     if (!job)
         return ga_status_make(GA_ERR_HOST_OUT_OF_MEMORY, 0, NULL,
-                              "could not allocate the normalize tables",
-                              "ga_cpu_normalize_images", __FILE__, __LINE__);
+                              "could not allocate the normalize tables", "ga_cpu_normalize_images",
+                              __FILE__, __LINE__);
     unsigned char *table = (unsigned char *)(job + 1);
     for (int64_t ch = 0; ch < desc->c; ch++) {
         for (int x = 0; x < 256; x++) {

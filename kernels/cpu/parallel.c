@@ -33,8 +33,14 @@ static struct {
     int nworkers;
     unsigned long generation;
     ga_job *job;
-} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
-          PTHREAD_COND_INITIALIZER, 0, 0, 0, NULL};
+} pool = {PTHREAD_MUTEX_INITIALIZER,
+          PTHREAD_MUTEX_INITIALIZER,
+          PTHREAD_COND_INITIALIZER,
+          PTHREAD_COND_INITIALIZER,
+          0,
+          0,
+          0,
+          NULL};
 
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 

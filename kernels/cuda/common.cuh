@@ -1,5 +1,6 @@
 /*
- * common.cuh — the one way the CUDA backend checks a CUDA call.
+ * common.cuh — what every file of the CUDA backend uses: the one way to
+ * check a CUDA call, the device guard, and the NVTX range of an op.
  *
  * GA_CUDA_TRY(call) returns a ga_status naming the call, file and line from
  * the enclosing function when the call fails; csrc/errors.c turns that into
@@ -9,11 +10,11 @@
 #define GPUACCEL_CUDA_COMMON_CUH
 
 #include <cuda_runtime.h>
+#include <nvtx3/nvToolsExt.h>
 
 #include "../kernels.h"
 
-static inline ga_status ga_cuda_error(cudaError_t err, const char *call, const char *file,
-                                      int line)
+static inline ga_status ga_cuda_error(cudaError_t err, const char *call, const char *file, int line)
 {
     if (err == cudaSuccess)
         return ga_ok();
@@ -28,11 +29,11 @@ static inline ga_status ga_cuda_error(cudaError_t err, const char *call, const c
                           file, line);
 }
 
-#define GA_CUDA_TRY(call)                                                        \
-    do {                                                                        \
-        cudaError_t ga_err_ = (call);                                           \
-        if (ga_err_ != cudaSuccess)                                             \
-            return ga_cuda_error(ga_err_, #call, __FILE__, __LINE__);           \
+#define GA_CUDA_TRY(call)                                             \
+    do {                                                              \
+        cudaError_t ga_err_ = (call);                                 \
+        if (ga_err_ != cudaSuccess)                                   \
+            return ga_cuda_error(ga_err_, #call, __FILE__, __LINE__); \
     } while (0)
 
 /* cuBLASLt and cuDNN statuses become ga_status the same way.  These are
@@ -49,11 +50,11 @@ static inline ga_status ga_cublas_error(cublasStatus_t status, const char *call,
                           cublasLtGetStatusString(status), call, file, line);
 }
 
-#define GA_CUBLAS_TRY(call)                                                      \
-    do {                                                                        \
-        cublasStatus_t ga_cublas_ = (call);                                     \
-        if (ga_cublas_ != CUBLAS_STATUS_SUCCESS)                                \
-            return ga_cublas_error(ga_cublas_, #call, __FILE__, __LINE__);      \
+#define GA_CUBLAS_TRY(call)                                                \
+    do {                                                                   \
+        cublasStatus_t ga_cublas_ = (call);                                \
+        if (ga_cublas_ != CUBLAS_STATUS_SUCCESS)                           \
+            return ga_cublas_error(ga_cublas_, #call, __FILE__, __LINE__); \
     } while (0)
 #endif
 
@@ -77,24 +78,25 @@ static inline ga_status ga_cudnn_error(cudnnStatus_t status, const char *call, c
                           line);
 }
 
-#define GA_CUDNN_TRY(call)                                                       \
-    do {                                                                        \
-        cudnnStatus_t ga_cudnn_ = (call);                                       \
-        if (ga_cudnn_ != CUDNN_STATUS_SUCCESS)                                  \
-            return ga_cudnn_error(ga_cudnn_, #call, __FILE__, __LINE__);        \
+#define GA_CUDNN_TRY(call)                                               \
+    do {                                                                 \
+        cudnnStatus_t ga_cudnn_ = (call);                                \
+        if (ga_cudnn_ != CUDNN_STATUS_SUCCESS)                           \
+            return ga_cudnn_error(ga_cudnn_, #call, __FILE__, __LINE__); \
     } while (0)
 #endif
 
 /* After a kernel launch: launch-configuration errors surface here. */
-#define GA_CUDA_LAUNCH_CHECK(kernel_name)                                        \
-    do {                                                                        \
-        cudaError_t ga_err_ = cudaGetLastError();                               \
-        if (ga_err_ != cudaSuccess)                                             \
+#define GA_CUDA_LAUNCH_CHECK(kernel_name)                                                \
+    do {                                                                                 \
+        cudaError_t ga_err_ = cudaGetLastError();                                        \
+        if (ga_err_ != cudaSuccess)                                                      \
             return ga_cuda_error(ga_err_, "launch of " kernel_name, __FILE__, __LINE__); \
     } while (0)
 
 /* Makes `device` current for a scope and restores the caller's device. */
-class GaDeviceGuard {
+class GaDeviceGuard
+{
   public:
     explicit GaDeviceGuard(int device) : prev_(-1), error_(cudaSuccess)
     {
@@ -109,7 +111,10 @@ class GaDeviceGuard {
         if (prev_ >= 0 && error_ == cudaSuccess)
             cudaSetDevice(prev_);
     }
-    cudaError_t error() const { return error_; }
+    cudaError_t error() const
+    {
+        return error_;
+    }
     GaDeviceGuard(const GaDeviceGuard &) = delete;
     GaDeviceGuard &operator=(const GaDeviceGuard &) = delete;
 
@@ -118,12 +123,35 @@ class GaDeviceGuard {
     cudaError_t error_;
 };
 
-#define GA_WITH_DEVICE(device)                                                   \
-    GaDeviceGuard ga_device_guard_(device);                                     \
-    if (ga_device_guard_.error() != cudaSuccess)                                \
-    return ga_cuda_error(ga_device_guard_.error(), "cudaSetDevice(" #device ")", __FILE__, \
-                         __LINE__)
+#define GA_WITH_DEVICE(device)                   \
+    GaDeviceGuard ga_device_guard_(device);      \
+    if (ga_device_guard_.error() != cudaSuccess) \
+    return ga_cuda_error(ga_device_guard_.error(), "cudaSetDevice(" #device ")", __FILE__, __LINE__)
 
-static inline cudaStream_t ga_cu_stream(ga_stream s) { return (cudaStream_t)s; }
+static inline cudaStream_t ga_cu_stream(ga_stream s)
+{
+    return (cudaStream_t)s;
+}
+
+/* An NVTX range around the host side of an op, so that Nsight Systems shows
+ * which gpuaccel call queued which kernels. */
+class GaNvtxRange
+{
+  public:
+    explicit GaNvtxRange(const char *name)
+    {
+        nvtxRangePushA(name);
+    }
+    ~GaNvtxRange()
+    {
+        nvtxRangePop();
+    }
+    GaNvtxRange(const GaNvtxRange &) = delete;
+    GaNvtxRange &operator=(const GaNvtxRange &) = delete;
+};
+
+/* Opens the range "gpuaccel::<op>" until the end of the scope; `op` is a
+ * string literal, e.g. GA_NVTX_RANGE("matmul"). */
+#define GA_NVTX_RANGE(op) GaNvtxRange ga_nvtx_range_("gpuaccel::" op)
 
 #endif

@@ -15,8 +15,9 @@
  *   unfused  conv-only graph into y, then ga_cuda_bias_activation (fused
  *            graphs need runtime-fusion engines, which many layouts,
  *            dtypes and GPUs lack);
- *   direct   gpuaccel's own direct-convolution kernels: slow, but correct
- *            for every stride pattern, group count and float dtype.
+ *   direct   gpuaccel's own direct-convolution kernels (conv_direct.cu):
+ *            slow, but correct for every stride pattern, group count and
+ *            float dtype.
  * The route and engine that worked are cached per problem (plan_cache.h),
  * failures included, so a problem pays for the search once per process.
  *
@@ -32,10 +33,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cudnn.h>
-#include <nvtx3/nvToolsExt.h>
 
 #include <algorithm>
 #include <atomic>
@@ -50,20 +48,21 @@
 #include <vector>
 
 #include "../activation.h"
+#include "../internal.h"
 #include "common.cuh"
+#include "conv_direct.cuh"
 #include "plan_cache.h"
 
-namespace {
+namespace
+{
 
 /* ============================================================== limits */
 
-constexpr int kThreads = 256;                 /* direct kernels; a power of two */
-constexpr int64_t kMaxBlocks = 65535LL * 8;
-constexpr int kMaxCandidates = 6;             /* plans timed per graph */
-constexpr int kMaxFinalizeAttempts = 16;      /* finalizations tried per heuristic mode */
+constexpr int kMaxCandidates = 6;        /* plans timed per graph */
+constexpr int kMaxFinalizeAttempts = 16; /* finalizations tried per heuristic mode */
 constexpr int64_t kMaxHeuristicResults = 64;
-constexpr int kTimedIterations = 3;           /* after one warm-up run */
-constexpr int kMaxNotes = 64;                 /* more than cuDNN defines, for newer versions */
+constexpr int kTimedIterations = 3; /* after one warm-up run */
+constexpr int kMaxNotes = 64;       /* more than cuDNN defines, for newer versions */
 
 /* Tensor unique ids inside a graph.  x, w, y are the convolution's roles:
  * forward reads x, w and writes y; backward data reads y (dy), w and writes
@@ -71,19 +70,8 @@ constexpr int kMaxNotes = 64;                 /* more than cuDNN defines, for ne
 constexpr int64_t kUidX = 1, kUidW = 2, kUidY = 3, kUidBias = 4, kUidPreact = 5;
 constexpr int64_t kUidConvOut = 101, kUidAddOut = 102; /* virtual */
 
-enum OpKind { OP_FWD = 0, OP_BWD_DATA = 1, OP_BWD_FILTER = 2 };
 enum GraphKind { GRAPH_CONV = 0, GRAPH_FUSED = 1 };
 enum Route { ROUTE_GRAPH = 0, ROUTE_UNFUSED = 1, ROUTE_DIRECT = 2 };
-
-/* ================================================================ nvtx */
-
-class NvtxRange {
-  public:
-    explicit NvtxRange(const char *name) { nvtxRangePushA(name); }
-    ~NvtxRange() { nvtxRangePop(); }
-    NvtxRange(const NvtxRange &) = delete;
-    NvtxRange &operator=(const NvtxRange &) = delete;
-};
 
 /* ==================================================== backend descriptors */
 
@@ -92,7 +80,10 @@ class NvtxRange {
  * rather than destroyed through a library that is shutting down. */
 std::atomic<bool> g_exiting{false};
 
-void mark_exiting() { g_exiting.store(true); }
+void mark_exiting()
+{
+    g_exiting.store(true);
+}
 
 /* Registered after the plan cache and cuDNN exist, so that it runs before
  * either is torn down (exit handlers and static destructors run in reverse
@@ -104,12 +95,19 @@ void register_exit_hook()
 }
 
 /* One backend descriptor, destroyed with its owner on every path. */
-class Desc {
+class Desc
+{
   public:
     Desc() = default;
     explicit Desc(cudnnBackendDescriptor_t d) : d_(d) {}
-    ~Desc() { reset(); }
-    Desc(Desc &&other) noexcept : d_(other.d_) { other.d_ = nullptr; }
+    ~Desc()
+    {
+        reset();
+    }
+    Desc(Desc &&other) noexcept : d_(other.d_)
+    {
+        other.d_ = nullptr;
+    }
     Desc &operator=(Desc &&other) noexcept
     {
         if (this != &other) {
@@ -122,7 +120,10 @@ class Desc {
     Desc(const Desc &) = delete;
     Desc &operator=(const Desc &) = delete;
 
-    cudnnBackendDescriptor_t get() const { return d_; }
+    cudnnBackendDescriptor_t get() const
+    {
+        return d_;
+    }
     void reset()
     {
         if (d_ && !g_exiting.load())
@@ -151,7 +152,10 @@ ga_status unsupported(const char *why, const char *where, const char *file, int 
 }
 #define CONV_UNSUPPORTED(why) unsupported((why), __func__, __FILE__, __LINE__)
 
-bool is_unsupported(const ga_status &st) { return st.error == GA_ERR_NOT_SUPPORTED; }
+bool is_unsupported(const ga_status &st)
+{
+    return st.error == GA_ERR_NOT_SUPPORTED;
+}
 
 /* Statuses that mean "this graph / configuration does not run here": the
  * parameter and not-supported families, a missing engine sub-library and a
@@ -179,11 +183,11 @@ ga_status finalize_status(cudnnStatus_t s, const char *call, const char *file, i
 /* Setting an attribute only fails on a wrong name, type or count — a bug
  * here, reported as such; finalizing checks the content and may say "not
  * supported", which selects the next route. */
-#define GA_SET(desc, name, type, count, values)                                  \
+#define GA_SET(desc, name, type, count, values) \
     GA_CUDNN_TRY(cudnnBackendSetAttribute((desc), (name), (type), (count), (values)))
-#define GA_FINALIZE(desc)                                                        \
-    GA_TRY_STATUS(finalize_status(cudnnBackendFinalize(desc),                   \
-                                  "cudnnBackendFinalize(" #desc ")", __FILE__, __LINE__))
+#define GA_FINALIZE(desc)                                                                        \
+    GA_TRY_STATUS(finalize_status(cudnnBackendFinalize(desc), "cudnnBackendFinalize(" #desc ")", \
+                                  __FILE__, __LINE__))
 
 /* ================================================================ handles */
 
@@ -264,7 +268,7 @@ struct View {
 };
 
 struct Problem {
-    OpKind op = OP_FWD;
+    GaConvOp op = GA_CONV_FWD;
     ga_dtype dtype = GA_FLOAT32;
     int64_t itemsize = 4;
     ga_conv_geometry geom;
@@ -274,16 +278,16 @@ struct Problem {
     ga_activation act = GA_ACT_NONE;
     bool has_preact = false;
     View preact;
-    bool nhwc = false;      /* the layout the graph describes (finish_problem) */
+    bool nhwc = false; /* the layout the graph describes (finish_problem) */
     void *ws = nullptr;
-    size_t ws_size = 0;     /* usable workspace bytes (0 without a workspace) */
-    bool eligible = true;   /* every tensor is describable to cuDNN */
+    size_t ws_size = 0;   /* usable workspace bytes (0 without a workspace) */
+    bool eligible = true; /* every tensor is describable to cuDNN */
     const ga_tensor *ty = nullptr, *tpreact = nullptr; /* for the epilogue and copies */
 };
 
 bool has_epilogue(const Problem &p)
 {
-    return p.op == OP_FWD && (p.has_bias || p.act != GA_ACT_NONE);
+    return p.op == GA_CONV_FWD && (p.has_bias || p.act != GA_ACT_NONE);
 }
 
 int64_t pointer_alignment(const void *p)
@@ -499,8 +503,7 @@ ga_status add_real_tensor(Graph &g, int64_t uid, const Problem &p, const View &v
 }
 
 /* An intermediate the engine keeps in registers: y's shape, compute type. */
-ga_status add_virtual_tensor(Graph &g, int64_t uid, const Problem &p,
-                             cudnnBackendDescriptor_t *out)
+ga_status add_virtual_tensor(Graph &g, int64_t uid, const Problem &p, cudnnBackendDescriptor_t *out)
 {
     int64_t strides[4];
     packed_strides(p, strides);
@@ -546,7 +549,7 @@ ga_status add_conv(Graph &g, const Problem &p, cudnnBackendDescriptor_t x,
     GA_TRY_STATUS(make_desc(op_types[p.op], &op));
     const cudnnBackendAttributeType_t D = CUDNN_TYPE_BACKEND_DESCRIPTOR;
     switch (p.op) {
-    case OP_FWD:
+    case GA_CONV_FWD:
         GA_SET(op.get(), CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, D, 1, &x);
         GA_SET(op.get(), CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, D, 1, &w);
         GA_SET(op.get(), CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, D, 1, &y);
@@ -554,7 +557,7 @@ ga_status add_conv(Graph &g, const Problem &p, cudnnBackendDescriptor_t x,
         GA_SET(op.get(), CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, scalar_type, 1, alpha);
         GA_SET(op.get(), CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, scalar_type, 1, beta);
         break;
-    case OP_BWD_DATA:
+    case GA_CONV_BWD_DATA:
         GA_SET(op.get(), CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, D, 1, &x);
         GA_SET(op.get(), CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, D, 1, &w);
         GA_SET(op.get(), CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, D, 1, &y);
@@ -562,16 +565,13 @@ ga_status add_conv(Graph &g, const Problem &p, cudnnBackendDescriptor_t x,
         GA_SET(op.get(), CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, scalar_type, 1, alpha);
         GA_SET(op.get(), CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA, scalar_type, 1, beta);
         break;
-    case OP_BWD_FILTER:
+    case GA_CONV_BWD_FILTER:
         GA_SET(op.get(), CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, D, 1, &x);
         GA_SET(op.get(), CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW, D, 1, &w);
         GA_SET(op.get(), CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY, D, 1, &y);
-        GA_SET(op.get(), CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC, D, 1,
-               &conv_raw);
-        GA_SET(op.get(), CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, scalar_type, 1,
-               alpha);
-        GA_SET(op.get(), CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA, scalar_type, 1,
-               beta);
+        GA_SET(op.get(), CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC, D, 1, &conv_raw);
+        GA_SET(op.get(), CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, scalar_type, 1, alpha);
+        GA_SET(op.get(), CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA, scalar_type, 1, beta);
         break;
     }
     GA_FINALIZE(op.get());
@@ -658,9 +658,8 @@ ga_status build_graph(cudnnHandle_t handle, const Problem &p, GraphKind kind,
             ops.push_back(op);
         }
         if (act) {
-            cudnnPointwiseMode_t mode = p.act == GA_ACT_RELU
-                                            ? CUDNN_POINTWISE_RELU_FWD
-                                            : CUDNN_POINTWISE_GELU_APPROX_TANH_FWD;
+            cudnnPointwiseMode_t mode = p.act == GA_ACT_RELU ? CUDNN_POINTWISE_RELU_FWD
+                                                             : CUDNN_POINTWISE_GELU_APPROX_TANH_FWD;
             GA_TRY_STATUS(add_pointwise(*g, p, mode, z, nullptr, y, &op));
             ops.push_back(op);
         }
@@ -746,9 +745,8 @@ ga_status finalize_plan(cudnnHandle_t handle, cudnnBackendDescriptor_t cfg, size
 
 /* The heuristic's configs for `mode`, in its order, filtered by the notes
  * and the workspace, that finalize into plans: at most kMaxCandidates. */
-ga_status heuristic_plans(cudnnHandle_t handle, const std::shared_ptr<Graph> &g,
-                          const Problem &p, cudnnBackendHeurMode_t mode,
-                          std::vector<std::shared_ptr<ExecPlan>> *out)
+ga_status heuristic_plans(cudnnHandle_t handle, const std::shared_ptr<Graph> &g, const Problem &p,
+                          cudnnBackendHeurMode_t mode, std::vector<std::shared_ptr<ExecPlan>> *out)
 {
     Desc heur;
     GA_TRY_STATUS(make_desc(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, &heur));
@@ -776,8 +774,7 @@ ga_status heuristic_plans(cudnnHandle_t handle, const std::shared_ptr<Graph> &g,
     }
     int64_t got = 0;
     GA_CUDNN_TRY(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                          CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got,
-                                          raw.data()));
+                                          CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got, raw.data()));
     got = std::min(got, count);
     int attempts = 0;
     for (int64_t i = 0; i < got; i++) {
@@ -789,8 +786,7 @@ ga_status heuristic_plans(cudnnHandle_t handle, const std::shared_ptr<Graph> &g,
         cudnnBackendDescriptor_t engine_raw = engine.get();
         int64_t n = 0;
         GA_CUDNN_TRY(cudnnBackendGetAttribute(cfg.get(), CUDNN_ATTR_ENGINECFG_ENGINE,
-                                              CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n,
-                                              &engine_raw));
+                                              CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &engine_raw));
         bool allowed = false;
         GA_TRY_STATUS(engine_allowed(engine.get(), p, &allowed));
         if (!allowed)
@@ -821,9 +817,8 @@ ga_status heuristic_plans(cudnnHandle_t handle, const std::shared_ptr<Graph> &g,
  * when it no longer applies (another cuDNN, GPU or request), so the caller
  * tunes instead.  Every failure here is "does not apply": the choice came
  * from a file. */
-ga_status plan_from_choice(cudnnHandle_t handle, const std::shared_ptr<Graph> &g,
-                           const Problem &p, const EngineChoice &c,
-                           std::shared_ptr<ExecPlan> *out)
+ga_status plan_from_choice(cudnnHandle_t handle, const std::shared_ptr<Graph> &g, const Problem &p,
+                           const EngineChoice &c, std::shared_ptr<ExecPlan> *out)
 {
     out->reset();
     cudnnBackendDescriptor_t og = g->op_graph.get();
@@ -931,7 +926,8 @@ ga_status execute_plan(cudnnHandle_t handle, const ExecPlan &ep, const Problem &
     return ga_ok();
 }
 
-class Event {
+class Event
+{
   public:
     Event() = default;
     ~Event()
@@ -946,7 +942,10 @@ class Event {
         GA_CUDA_TRY(cudaEventCreate(&e_));
         return ga_ok();
     }
-    cudaEvent_t get() const { return e_; }
+    cudaEvent_t get() const
+    {
+        return e_;
+    }
 
   private:
     cudaEvent_t e_ = nullptr;
@@ -1188,8 +1187,8 @@ ga_status tune(cudnnHandle_t handle, cudaStream_t s, const Problem &p, const cha
     EngineChoice pref;
     /* "direct" is not honoured as a preference: a newer cuDNN may have an
      * engine now, and finding out costs little */
-    bool has_pref = preferred && parse_choice(preferred, &pref_route, &pref) &&
-                    pref_route != ROUTE_DIRECT;
+    bool has_pref =
+        preferred && parse_choice(preferred, &pref_route, &pref) && pref_route != ROUTE_DIRECT;
     auto e = std::make_shared<Entry>();
     bool fused = has_epilogue(p);
     *tuned = false;
@@ -1209,9 +1208,9 @@ ga_status tune(cudnnHandle_t handle, cudaStream_t s, const Problem &p, const cha
     if (!fused || e->route == ROUTE_DIRECT) {
         Route target = fused ? ROUTE_UNFUSED : ROUTE_GRAPH;
         bool t = false;
-        ga_status st = tune_graph(handle, s, p, GRAPH_CONV,
-                                  has_pref && pref_route == target ? &pref : nullptr, plan,
-                                  &e->choice, &t);
+        ga_status st =
+            tune_graph(handle, s, p, GRAPH_CONV, has_pref && pref_route == target ? &pref : nullptr,
+                       plan, &e->choice, &t);
         *tuned = *tuned || t;
         if (!st.error)
             e->route = target;
@@ -1227,264 +1226,7 @@ ga_status tune(cudnnHandle_t handle, cudaStream_t s, const Problem &p, const cha
     return ga_ok();
 }
 
-/* ======================================================= direct kernels */
-
-/* The path of last resort (and the float64 path where cuDNN has no graph
- * engine for double): one thread per output element for forward and
- * backward data, one block per filter element for backward filter; sums
- * in a fixed order (deterministic), in float (double for float64), over
- * byte strides of any sign. */
-template <typename T> struct Elem;
-template <> struct Elem<__half> {
-    using Acc = float;
-    static __host__ __device__ __forceinline__ float widen(__half v) { return __half2float(v); }
-    static __host__ __device__ __forceinline__ __half narrow(float a)
-    {
-        return __float2half_rn(a);
-    }
-};
-template <> struct Elem<__nv_bfloat16> {
-    using Acc = float;
-    static __host__ __device__ __forceinline__ float widen(__nv_bfloat16 v)
-    {
-        return __bfloat162float(v);
-    }
-    static __host__ __device__ __forceinline__ __nv_bfloat16 narrow(float a)
-    {
-        return __float2bfloat16_rn(a);
-    }
-};
-template <> struct Elem<float> {
-    using Acc = float;
-    static __host__ __device__ __forceinline__ float widen(float v) { return v; }
-    static __host__ __device__ __forceinline__ float narrow(float a) { return a; }
-};
-template <> struct Elem<double> {
-    using Acc = double;
-    static __host__ __device__ __forceinline__ double widen(double v) { return v; }
-    static __host__ __device__ __forceinline__ double narrow(double a) { return a; }
-};
-
-/* Element loads/stores: one access when every address is element-aligned,
- * byte copies otherwise (a view may start anywhere). */
-template <typename T, bool Aligned>
-__host__ __device__ __forceinline__ typename Elem<T>::Acc load(const char *p)
-{
-    T v;
-    if constexpr (Aligned)
-        v = *reinterpret_cast<const T *>(p);
-    else
-        memcpy(&v, p, sizeof(T));
-    return Elem<T>::widen(v);
-}
-
-template <typename T, bool Aligned>
-__host__ __device__ __forceinline__ void store(char *p, typename Elem<T>::Acc a)
-{
-    T v = Elem<T>::narrow(a);
-    if constexpr (Aligned)
-        *reinterpret_cast<T *>(p) = v;
-    else
-        memcpy(p, &v, sizeof(T));
-}
-
-__host__ __device__ __forceinline__ float activate(ga_activation act, float z)
-{
-    return ga_activate_f(act, z);
-}
-__host__ __device__ __forceinline__ double activate(ga_activation act, double z)
-{
-    return ga_activate_d(act, z);
-}
-
-struct DirectArgs {
-    char *x, *w, *y;          /* conv roles; which ones are written depends on the op */
-    const char *bias;         /* forward: K contiguous values, or null */
-    char *preact;             /* forward: written when set */
-    int64_t N, C, H, W, K, R, S, P, Q, Cg, Kg;
-    int64_t xs[4], ws[4], ys[4], ps[4]; /* byte strides */
-    int64_t stride_h, stride_w, pad_h, pad_w, dil_h, dil_w;
-    ga_activation act;
-};
-
-/* The per-element bodies are host-callable too, so that they can be
- * checked against a reference on a machine without a GPU. */
-
-/* y[n, k, p, q] = act(sum over c in k's group, r, s of x[n, c, h, w] *
- * w[k, c - c0, r, s] + bias[k]) with h = p*stride - pad + r*dil, likewise w. */
-template <typename T, bool A>
-__host__ __device__ __forceinline__ void fwd_element(const DirectArgs &a, int64_t i)
-{
-    using Acc = typename Elem<T>::Acc;
-    int64_t q = i % a.Q, t = i / a.Q;
-    int64_t p = t % a.P;
-    t /= a.P;
-    int64_t k = t % a.K, n = t / a.K;
-    int64_t c0 = k / a.Kg * a.Cg; /* first input channel of k's group */
-    Acc acc = 0;
-    for (int64_t c = 0; c < a.Cg; c++) {
-        const char *xc = a.x + n * a.xs[0] + (c0 + c) * a.xs[1];
-        const char *wc = a.w + k * a.ws[0] + c * a.ws[1];
-        for (int64_t r = 0; r < a.R; r++) {
-            int64_t h = p * a.stride_h - a.pad_h + r * a.dil_h;
-            if (h < 0 || h >= a.H)
-                continue;
-            for (int64_t s = 0; s < a.S; s++) {
-                int64_t w = q * a.stride_w - a.pad_w + s * a.dil_w;
-                if (w < 0 || w >= a.W)
-                    continue;
-                acc += load<T, A>(xc + h * a.xs[2] + w * a.xs[3]) *
-                       load<T, A>(wc + r * a.ws[2] + s * a.ws[3]);
-            }
-        }
-    }
-    if (a.bias)
-        acc += load<T, A>(a.bias + k * (int64_t)sizeof(T));
-    if (a.preact)
-        store<T, A>(a.preact + n * a.ps[0] + k * a.ps[1] + p * a.ps[2] + q * a.ps[3], acc);
-    store<T, A>(a.y + n * a.ys[0] + k * a.ys[1] + p * a.ys[2] + q * a.ys[3],
-                activate(a.act, acc));
-}
-
-/* dx[n, c, h, w] = sum over k in c's group, r, s with h = p*stride - pad +
- * r*dil (and likewise w) of dy[n, k, p, q] * w[k, c - c0, r, s]. */
-template <typename T, bool A>
-__host__ __device__ __forceinline__ void bwd_data_element(const DirectArgs &a, int64_t i)
-{
-    using Acc = typename Elem<T>::Acc;
-    int64_t w = i % a.W, t = i / a.W;
-    int64_t h = t % a.H;
-    t /= a.H;
-    int64_t c = t % a.C, n = t / a.C;
-    int64_t k0 = c / a.Cg * a.Kg, cl = c % a.Cg;
-    Acc acc = 0;
-    for (int64_t r = 0; r < a.R; r++) {
-        int64_t hp = h + a.pad_h - r * a.dil_h;
-        if (hp < 0 || hp % a.stride_h)
-            continue;
-        int64_t p = hp / a.stride_h;
-        if (p >= a.P)
-            continue;
-        for (int64_t s = 0; s < a.S; s++) {
-            int64_t wq = w + a.pad_w - s * a.dil_w;
-            if (wq < 0 || wq % a.stride_w)
-                continue;
-            int64_t q = wq / a.stride_w;
-            if (q >= a.Q)
-                continue;
-            for (int64_t k = k0; k < k0 + a.Kg; k++)
-                acc += load<T, A>(a.y + n * a.ys[0] + k * a.ys[1] + p * a.ys[2] + q * a.ys[3]) *
-                       load<T, A>(a.w + k * a.ws[0] + cl * a.ws[1] + r * a.ws[2] + s * a.ws[3]);
-        }
-    }
-    store<T, A>(a.x + n * a.xs[0] + c * a.xs[1] + h * a.xs[2] + w * a.xs[3], acc);
-}
-
-/* dw[k, c, r, s] = sum over n, p, q of dy[n, k, p, q] * x[n, c0 + c, h, w].
- * One slice of that sum: the terms j = first, first + step, ... of the
- * N*P*Q in n, p, q order. */
-template <typename T, bool A>
-__host__ __device__ __forceinline__ typename Elem<T>::Acc
-bwd_filter_slice(const DirectArgs &a, int64_t e, int64_t first, int64_t step)
-{
-    using Acc = typename Elem<T>::Acc;
-    int64_t s = e % a.S, t = e / a.S;
-    int64_t r = t % a.R;
-    t /= a.R;
-    int64_t c = t % a.Cg, k = t / a.Cg;
-    int64_t cx = k / a.Kg * a.Cg + c;
-    int64_t npq = a.N * a.P * a.Q;
-    Acc acc = 0;
-    for (int64_t j = first; j < npq; j += step) {
-        int64_t q = j % a.Q, u = j / a.Q;
-        int64_t p = u % a.P, n = u / a.P;
-        int64_t h = p * a.stride_h - a.pad_h + r * a.dil_h;
-        int64_t w = q * a.stride_w - a.pad_w + s * a.dil_w;
-        if (h < 0 || h >= a.H || w < 0 || w >= a.W)
-            continue;
-        acc += load<T, A>(a.y + n * a.ys[0] + k * a.ys[1] + p * a.ys[2] + q * a.ys[3]) *
-               load<T, A>(a.x + n * a.xs[0] + cx * a.xs[1] + h * a.xs[2] + w * a.xs[3]);
-    }
-    return acc;
-}
-
-template <typename T, bool A>
-__host__ __device__ __forceinline__ void bwd_filter_store(const DirectArgs &a, int64_t e,
-                                                          typename Elem<T>::Acc v)
-{
-    int64_t s = e % a.S, t = e / a.S;
-    int64_t r = t % a.R;
-    t /= a.R;
-    int64_t c = t % a.Cg, k = t / a.Cg;
-    store<T, A>(a.w + k * a.ws[0] + c * a.ws[1] + r * a.ws[2] + s * a.ws[3], v);
-}
-
-template <typename T, bool A> __global__ void conv_fwd_direct(DirectArgs a)
-{
-    int64_t total = a.N * a.K * a.P * a.Q;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-         i += (int64_t)gridDim.x * blockDim.x)
-        fwd_element<T, A>(a, i);
-}
-
-template <typename T, bool A> __global__ void conv_bwd_data_direct(DirectArgs a)
-{
-    int64_t total = a.N * a.C * a.H * a.W;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-         i += (int64_t)gridDim.x * blockDim.x)
-        bwd_data_element<T, A>(a, i);
-}
-
-/* A long reduction per filter element: a block per element, each thread
- * summing a fixed slice and the block adding the slices in a fixed tree, so
- * the result does not depend on scheduling. */
-template <typename T, bool A> __global__ void conv_bwd_filter_direct(DirectArgs a)
-{
-    using Acc = typename Elem<T>::Acc;
-    __shared__ Acc partial[kThreads];
-    int64_t total = a.K * a.Cg * a.R * a.S;
-    for (int64_t e = blockIdx.x; e < total; e += gridDim.x) {
-        partial[threadIdx.x] = bwd_filter_slice<T, A>(a, e, threadIdx.x, kThreads);
-        __syncthreads();
-        for (int half = kThreads / 2; half > 0; half /= 2) {
-            if ((int)threadIdx.x < half)
-                partial[threadIdx.x] += partial[threadIdx.x + half];
-            __syncthreads();
-        }
-        if (threadIdx.x == 0)
-            bwd_filter_store<T, A>(a, e, partial[0]);
-        __syncthreads(); /* partial[] is reused for the next element */
-    }
-}
-
-unsigned grid_for(int64_t n)
-{
-    int64_t blocks = (n + kThreads - 1) / kThreads;
-    return (unsigned)std::max<int64_t>(1, std::min(blocks, kMaxBlocks));
-}
-
-template <typename T, bool A> ga_status launch_direct(OpKind op, const DirectArgs &a,
-                                                      cudaStream_t s)
-{
-    switch (op) {
-    case OP_FWD:
-        conv_fwd_direct<T, A><<<grid_for(a.N * a.K * a.P * a.Q), kThreads, 0, s>>>(a);
-        GA_CUDA_LAUNCH_CHECK("conv_fwd_direct");
-        break;
-    case OP_BWD_DATA:
-        conv_bwd_data_direct<T, A><<<grid_for(a.N * a.C * a.H * a.W), kThreads, 0, s>>>(a);
-        GA_CUDA_LAUNCH_CHECK("conv_bwd_data_direct");
-        break;
-    case OP_BWD_FILTER: {
-        int64_t elements = a.K * a.Cg * a.R * a.S;
-        unsigned blocks = (unsigned)std::max<int64_t>(1, std::min<int64_t>(elements, 1 << 20));
-        conv_bwd_filter_direct<T, A><<<blocks, kThreads, 0, s>>>(a);
-        GA_CUDA_LAUNCH_CHECK("conv_bwd_filter_direct");
-        break;
-    }
-    }
-    return ga_ok();
-}
+/* ======================================================= direct route */
 
 bool view_aligned(const View &v, int64_t itemsize)
 {
@@ -1498,7 +1240,7 @@ bool view_aligned(const View &v, int64_t itemsize)
 
 ga_status run_direct(const Problem &p, cudaStream_t s)
 {
-    DirectArgs a;
+    GaConvDirectArgs a;
     memset(&a, 0, sizeof a);
     a.x = (char *)p.x.data;
     a.w = (char *)p.w.data;
@@ -1528,25 +1270,12 @@ ga_status run_direct(const Problem &p, cudaStream_t s)
     a.pad_w = p.geom.padding[1];
     a.dil_h = p.geom.dilation[0];
     a.dil_w = p.geom.dilation[1];
-    a.act = p.op == OP_FWD ? p.act : GA_ACT_NONE;
+    a.act = p.op == GA_CONV_FWD ? p.act : GA_ACT_NONE;
     int64_t is = p.itemsize;
     bool aligned = view_aligned(p.x, is) && view_aligned(p.w, is) && view_aligned(p.y, is) &&
                    (!a.bias || (uintptr_t)a.bias % (uintptr_t)is == 0) &&
                    (!a.preact || view_aligned(p.preact, is));
-    switch (p.dtype) {
-    case GA_FLOAT16:
-        return aligned ? launch_direct<__half, true>(p.op, a, s)
-                       : launch_direct<__half, false>(p.op, a, s);
-    case GA_BFLOAT16:
-        return aligned ? launch_direct<__nv_bfloat16, true>(p.op, a, s)
-                       : launch_direct<__nv_bfloat16, false>(p.op, a, s);
-    case GA_FLOAT32:
-        return aligned ? launch_direct<float, true>(p.op, a, s)
-                       : launch_direct<float, false>(p.op, a, s);
-    default:
-        return aligned ? launch_direct<double, true>(p.op, a, s)
-                       : launch_direct<double, false>(p.op, a, s);
-    }
+    return ga_conv_direct(p.op, p.dtype, aligned, a, s);
 }
 
 /* ============================================================ the driver */
@@ -1606,8 +1335,8 @@ ga_status run(int device, Problem &p, ga_stream stream, ga_conv_tuning *tuning)
             report.cache_hit = 1;
         } else {
             bool tuned = false;
-            GA_TRY_STATUS(tune(handle, s, p, tuning ? tuning->preferred : nullptr, &entry, &plan,
-                               &tuned));
+            GA_TRY_STATUS(
+                tune(handle, s, p, tuning ? tuning->preferred : nullptr, &entry, &plan, &tuned));
             report.tuned = tuned;
             cache.insert(key, entry);
         }
@@ -1617,7 +1346,7 @@ ga_status run(int device, Problem &p, ga_stream stream, ga_conv_tuning *tuning)
     switch (route) {
     case ROUTE_GRAPH:
         GA_TRY_STATUS(execute_plan(handle, *plan, p));
-        if (p.op == OP_FWD && p.has_preact && p.act == GA_ACT_NONE)
+        if (p.op == GA_CONV_FWD && p.has_preact && p.act == GA_ACT_NONE)
             GA_TRY_STATUS(ga_cuda_copy(device, p.tpreact, p.ty, stream)); /* z is y */
         break;
     case ROUTE_UNFUSED: {
@@ -1632,9 +1361,7 @@ ga_status run(int device, Problem &p, ga_stream stream, ga_conv_tuning *tuning)
         GA_TRY_STATUS(st);
         break;
     }
-    case ROUTE_DIRECT:
-        GA_TRY_STATUS(run_direct(p, s));
-        break;
+    case ROUTE_DIRECT: GA_TRY_STATUS(run_direct(p, s)); break;
     }
     report.fused = route == ROUTE_GRAPH && has_epilogue(p);
     report.fallback = route != ROUTE_GRAPH;
@@ -1643,19 +1370,6 @@ ga_status run(int device, Problem &p, ga_stream stream, ga_conv_tuning *tuning)
 }
 
 /* ============================================================ validation */
-
-bool float_dtype(ga_dtype d)
-{
-    return d == GA_FLOAT16 || d == GA_BFLOAT16 || d == GA_FLOAT32 || d == GA_FLOAT64;
-}
-
-int64_t numel(const ga_tensor *t)
-{
-    int64_t n = 1;
-    for (int d = 0; d < t->ndim; d++)
-        n *= t->shape[d];
-    return n;
-}
 
 int64_t out_size(int64_t in, int pad, int dil, int64_t k, int stride)
 {
@@ -1671,7 +1385,7 @@ ga_status check_shapes(const ga_conv_geometry *g, const ga_tensor *x, const ga_t
         return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: a required argument is NULL");
     if (x->ndim != 4 || w->ndim != 4 || y->ndim != 4)
         return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: tensors must have 4 dims (NCHW order)");
-    if (!float_dtype(x->dtype) || w->dtype != x->dtype || y->dtype != x->dtype)
+    if (!ga_dtype_is_float(x->dtype) || w->dtype != x->dtype || y->dtype != x->dtype)
         return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: tensors must share one float dtype");
     for (int d = 0; d < 4; d++)
         if (x->shape[d] < 0 || w->shape[d] < 0 || y->shape[d] < 0)
@@ -1684,19 +1398,19 @@ ga_status check_shapes(const ga_conv_geometry *g, const ga_tensor *x, const ga_t
         w->shape[1] * groups != x->shape[1])
         return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: channels do not match the groups");
     if (y->shape[0] != x->shape[0] || y->shape[1] != w->shape[0] ||
-        y->shape[2] != out_size(x->shape[2], g->padding[0], g->dilation[0], w->shape[2],
-                                g->stride[0]) ||
-        y->shape[3] != out_size(x->shape[3], g->padding[1], g->dilation[1], w->shape[3],
-                                g->stride[1]))
+        y->shape[2] !=
+            out_size(x->shape[2], g->padding[0], g->dilation[0], w->shape[2], g->stride[0]) ||
+        y->shape[3] !=
+            out_size(x->shape[3], g->padding[1], g->dilation[1], w->shape[3], g->stride[1]))
         return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: output shape does not match the input");
-    if ((numel(x) && !x->data) || (numel(w) && !w->data) || (numel(y) && !y->data))
+    if ((ga_numel(x) && !x->data) || (ga_numel(w) && !w->data) || (ga_numel(y) && !y->data))
         return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: NULL data for a non-empty tensor");
     return ga_ok();
 }
 
 /* The problem in conv roles (bias, act and preact only for forward):
  * views, one layout for the whole graph, eligibility for cuDNN. */
-void init_problem(Problem *p, OpKind op, const ga_conv_geometry *g, const ga_tensor *x,
+void init_problem(Problem *p, GaConvOp op, const ga_conv_geometry *g, const ga_tensor *x,
                   const ga_tensor *w, const ga_tensor *y, const void *bias, ga_activation act,
                   const ga_tensor *preact, void *workspace, size_t workspace_size)
 {
@@ -1728,7 +1442,7 @@ void init_problem(Problem *p, OpKind op, const ga_conv_geometry *g, const ga_ten
     }
     /* cuDNN's implicit-GEMM kernels index the filter with 32-bit offsets
      * (the frontend refuses such graphs for the same reason) */
-    ok = ok && numel(w) <= (int64_t)INT32_MAX;
+    ok = ok && ga_numel(w) <= (int64_t)INT32_MAX;
     p->eligible = ok;
     p->ws = workspace;
     p->ws_size = workspace ? workspace_size : 0;
@@ -1755,21 +1469,38 @@ template <typename F> ga_status guarded(F &&body)
     }
 }
 
+/* An op whose arguments are checked, in conv roles: nothing to do when the
+ * tensor it writes is empty, else its problem set up and run. */
+ga_status run_op(int device, GaConvOp op, const ga_conv_geometry *g, const ga_tensor *x,
+                 const ga_tensor *w, const ga_tensor *y, const void *bias, ga_activation act,
+                 const ga_tensor *preact, void *workspace, size_t workspace_size, ga_stream stream,
+                 ga_conv_tuning *tuning)
+{
+    const ga_tensor *out = op == GA_CONV_FWD ? y : op == GA_CONV_BWD_DATA ? x : w;
+    if (ga_numel(out) == 0)
+        return ga_ok();
+    return guarded([&]() -> ga_status {
+        GA_WITH_DEVICE(device);
+        Problem p;
+        init_problem(&p, op, g, x, w, y, bias, act, preact, workspace, workspace_size);
+        return run(device, p, stream, tuning);
+    });
+}
+
 } // namespace
 
 /* ======================================================== entry points */
 
 extern "C" ga_status ga_cuda_conv2d_forward(int device, const ga_conv_desc *desc, void *workspace,
-                                           size_t workspace_size, ga_stream stream,
-                                           ga_conv_tuning *tuning)
+                                            size_t workspace_size, ga_stream stream,
+                                            ga_conv_tuning *tuning)
 {
-    NvtxRange range("gpuaccel::conv2d_fwd");
+    GA_NVTX_RANGE("conv2d_fwd");
     reset_tuning(tuning);
     if (!desc)
         return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: desc is NULL");
     GA_TRY_STATUS(check_shapes(&desc->geom, &desc->x, &desc->w, &desc->y));
-    if (desc->activation != GA_ACT_NONE && desc->activation != GA_ACT_RELU &&
-        desc->activation != GA_ACT_GELU)
+    if (!ga_activation_is_valid(desc->activation))
         return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: unknown activation");
     const ga_tensor *pre = &desc->preact;
     if (pre->data) {
@@ -1779,53 +1510,32 @@ extern "C" ga_status ga_cuda_conv2d_forward(int device, const ga_conv_desc *desc
             if (pre->shape[d] != desc->y.shape[d])
                 return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: preact must have y's shape");
     }
-    if (numel(&desc->y) == 0)
-        return ga_ok();
-    return guarded([&]() -> ga_status {
-        GA_WITH_DEVICE(device);
-        Problem p;
-        init_problem(&p, OP_FWD, &desc->geom, &desc->x, &desc->w, &desc->y, desc->bias,
-                     desc->activation, pre, workspace, workspace_size);
-        return run(device, p, stream, tuning);
-    });
+    return run_op(device, GA_CONV_FWD, &desc->geom, &desc->x, &desc->w, &desc->y, desc->bias,
+                  desc->activation, pre, workspace, workspace_size, stream, tuning);
 }
 
 extern "C" ga_status ga_cuda_conv2d_backward_data(int device, const ga_conv_geometry *geom,
-                                                 const ga_tensor *dy, const ga_tensor *w,
-                                                 const ga_tensor *dx, void *workspace,
-                                                 size_t workspace_size, ga_stream stream,
-                                                 ga_conv_tuning *tuning)
+                                                  const ga_tensor *dy, const ga_tensor *w,
+                                                  const ga_tensor *dx, void *workspace,
+                                                  size_t workspace_size, ga_stream stream,
+                                                  ga_conv_tuning *tuning)
 {
-    NvtxRange range("gpuaccel::conv2d_bwd_data");
+    GA_NVTX_RANGE("conv2d_bwd_data");
     reset_tuning(tuning);
     GA_TRY_STATUS(check_shapes(geom, dx, w, dy));
-    if (numel(dx) == 0)
-        return ga_ok();
-    return guarded([&]() -> ga_status {
-        GA_WITH_DEVICE(device);
-        Problem p;
-        init_problem(&p, OP_BWD_DATA, geom, dx, w, dy, nullptr, GA_ACT_NONE, nullptr, workspace,
-                     workspace_size);
-        return run(device, p, stream, tuning);
-    });
+    return run_op(device, GA_CONV_BWD_DATA, geom, dx, w, dy, nullptr, GA_ACT_NONE, nullptr,
+                  workspace, workspace_size, stream, tuning);
 }
 
 extern "C" ga_status ga_cuda_conv2d_backward_filter(int device, const ga_conv_geometry *geom,
-                                                   const ga_tensor *x, const ga_tensor *dy,
-                                                   const ga_tensor *dw, void *workspace,
-                                                   size_t workspace_size, ga_stream stream,
-                                                   ga_conv_tuning *tuning)
+                                                    const ga_tensor *x, const ga_tensor *dy,
+                                                    const ga_tensor *dw, void *workspace,
+                                                    size_t workspace_size, ga_stream stream,
+                                                    ga_conv_tuning *tuning)
 {
-    NvtxRange range("gpuaccel::conv2d_bwd_filter");
+    GA_NVTX_RANGE("conv2d_bwd_filter");
     reset_tuning(tuning);
     GA_TRY_STATUS(check_shapes(geom, x, dw, dy));
-    if (numel(dw) == 0)
-        return ga_ok();
-    return guarded([&]() -> ga_status {
-        GA_WITH_DEVICE(device);
-        Problem p;
-        init_problem(&p, OP_BWD_FILTER, geom, x, dw, dy, nullptr, GA_ACT_NONE, nullptr,
-                     workspace, workspace_size);
-        return run(device, p, stream, tuning);
-    });
+    return run_op(device, GA_CONV_BWD_FILTER, geom, x, dw, dy, nullptr, GA_ACT_NONE, nullptr,
+                  workspace, workspace_size, stream, tuning);
 }

@@ -11,7 +11,8 @@
 #include "../internal.h"
 #include "common.cuh"
 
-namespace {
+namespace
+{
 
 constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = 65535LL * 8;
@@ -46,8 +47,8 @@ __device__ __forceinline__ void store_bytes(char *p, uint64_t bits, size_t items
     }
 }
 
-__device__ __forceinline__ void element_offsets(const ga_pair_layout &L, int64_t idx,
-                                                int64_t *doff, int64_t *soff)
+__device__ __forceinline__ void element_offsets(const ga_pair_layout &L, int64_t idx, int64_t *doff,
+                                                int64_t *soff)
 {
     if (L.ndim == 1) {
         *doff = idx * L.dst_strides[0];
@@ -108,24 +109,12 @@ bool is_aligned(const void *p, const int64_t *strides, int ndim, size_t itemsize
     return true;
 }
 
-ga_status check_pair(const ga_tensor *dst, const ga_tensor *src)
-{
-    if ((unsigned)dst->dtype >= GA_NUM_DTYPES || (src && (unsigned)src->dtype >= GA_NUM_DTYPES))
-        return GA_STATUS(GA_ERR_INVALID_VALUE, "unknown dtype");
-    if (dst->ndim < 0 || dst->ndim > GA_MAX_NDIM || (src && src->ndim != dst->ndim))
-        return GA_STATUS(GA_ERR_INVALID_VALUE, "dst and src must have the same ndim");
-    for (int d = 0; src && d < dst->ndim; d++)
-        if (src->shape[d] != dst->shape[d])
-            return GA_STATUS(GA_ERR_INVALID_VALUE, "dst and src must have the same shape");
-    return ga_ok();
-}
-
 } // namespace
 
 extern "C" ga_status ga_cuda_copy(int device, const ga_tensor *dst, const ga_tensor *src,
                                   ga_stream stream)
 {
-    GA_TRY_STATUS(check_pair(dst, src));
+    GA_TRY_STATUS(ga_check_copy(dst, src, __func__));
     ga_pair_layout L;
     int64_t numel = ga_pair_layout_make(dst, src, &L);
     if (numel == 0)
@@ -157,9 +146,8 @@ extern "C" ga_status ga_cuda_copy(int device, const ga_tensor *dst, const ga_ten
     }
     bool aligned = is_aligned(dst->data, L.dst_strides, L.ndim, dsize) &&
                    is_aligned(src->data, L.src_strides, L.ndim, ga_dtype_itemsize(src->dtype));
-    copy_kernel<<<grid_for(numel), kThreads, 0, s>>>((char *)dst->data, dst->dtype,
-                                                     (const char *)src->data, src->dtype, numel, L,
-                                                     aligned);
+    copy_kernel<<<grid_for(numel), kThreads, 0, s>>>(
+        (char *)dst->data, dst->dtype, (const char *)src->data, src->dtype, numel, L, aligned);
     GA_CUDA_LAUNCH_CHECK("copy_kernel");
     return ga_ok();
 }
@@ -167,7 +155,7 @@ extern "C" ga_status ga_cuda_copy(int device, const ga_tensor *dst, const ga_ten
 extern "C" ga_status ga_cuda_fill(int device, const ga_tensor *dst, ga_scalar value,
                                   ga_stream stream)
 {
-    GA_TRY_STATUS(check_pair(dst, NULL));
+    GA_TRY_STATUS(ga_check_copy(dst, NULL, __func__));
     ga_pair_layout L;
     int64_t numel = ga_pair_layout_make(dst, NULL, &L);
     if (numel == 0)
@@ -188,8 +176,8 @@ extern "C" ga_status ga_cuda_fill(int device, const ga_tensor *dst, ga_scalar va
         return ga_ok();
     }
     bool aligned = is_aligned(dst->data, L.dst_strides, L.ndim, itemsize);
-    fill_kernel<<<grid_for(numel), kThreads, 0, s>>>((char *)dst->data, itemsize, pattern, numel,
-                                                     L, aligned);
+    fill_kernel<<<grid_for(numel), kThreads, 0, s>>>((char *)dst->data, itemsize, pattern, numel, L,
+                                                     aligned);
     GA_CUDA_LAUNCH_CHECK("fill_kernel");
     return ga_ok();
 }

@@ -43,7 +43,8 @@ static __device__ __forceinline__ double decode_f(ga_dtype dtype, uint64_t bits)
     return ga_load(dtype, &bits).f;
 }
 
-static __device__ __forceinline__ void store_bits(char *p, uint64_t bits, size_t itemsize, bool aligned)
+static __device__ __forceinline__ void store_bits(char *p, uint64_t bits, size_t itemsize,
+                                                  bool aligned)
 {
     if (!aligned) {
         memcpy(p, &bits, itemsize);

@@ -20,28 +20,21 @@
 #include <stdint.h>
 #include <string.h>
 
-#include <nvtx3/nvToolsExt.h>
-
 #include "../activation.h"
 #include "../convert.h"
+#include "../internal.h"
 #include "common.cuh"
 #include "elem.cuh"
 
-namespace {
+namespace
+{
 
-constexpr int kThreads = 256;          /* elementwise kernels */
-constexpr int kRedThreads = 512;       /* reduction blocks */
+constexpr int kThreads = 256;    /* elementwise kernels */
+constexpr int kRedThreads = 512; /* reduction blocks */
 
-constexpr int64_t kSmallReduce = 64;   /* at most this many elements: a thread per channel */
+constexpr int64_t kSmallReduce = 64; /* at most this many elements: a thread per channel */
 constexpr int64_t kMinTileBlocks = 128;
 constexpr int64_t kMaxBlocks = 65535LL * 32;
-
-struct NvtxRange {
-    explicit NvtxRange(const char *name) { nvtxRangePushA(name); }
-    ~NvtxRange() { nvtxRangePop(); }
-    NvtxRange(const NvtxRange &) = delete;
-    NvtxRange &operator=(const NvtxRange &) = delete;
-};
 
 /* The compute type: float, or double when a float64 tensor takes part. */
 template <typename Acc> struct Act;
@@ -68,64 +61,12 @@ template <> struct Act<double> {
 
 /* -------------------------------------------------------------- layouts */
 
-/* Up to three same-shape tensors walked together, dims of size 1 dropped
- * and neighbours merged where every tensor allows; the channel dim (when
- * there is a bias) is never merged, so its index can be recovered. */
-struct EwLayout {
-    int ndim;
-    int chan; /* merged dim that holds the channel index; -1: none (index 0) */
-    int64_t shape[GA_MAX_NDIM];
-    int64_t strides[3][GA_MAX_NDIM]; /* bytes */
-};
-
-int64_t ew_layout_make(const ga_tensor *shape_of, const ga_tensor *const t[3], int channel_dim,
-                       EwLayout *out)
-{
-    int64_t numel = 1;
-    int n = 0;
-    out->chan = -1;
-    for (int d = 0; d < shape_of->ndim; d++) {
-        int64_t size = shape_of->shape[d];
-        numel *= size;
-        if (size == 0) {
-            out->ndim = 0;
-            return 0;
-        }
-        if (size == 1)
-            continue; /* a size-1 channel dim: the channel index is always 0 */
-        int64_t s[3];
-        for (int k = 0; k < 3; k++)
-            s[k] = t[k] ? t[k]->strides[d] : 0;
-        bool merge = n > 0 && d != channel_dim && out->chan != n - 1;
-        for (int k = 0; k < 3 && merge; k++)
-            merge = out->strides[k][n - 1] == s[k] * size;
-        if (merge) {
-            out->shape[n - 1] *= size;
-            for (int k = 0; k < 3; k++)
-                out->strides[k][n - 1] = s[k];
-            continue;
-        }
-        out->shape[n] = size;
-        for (int k = 0; k < 3; k++)
-            out->strides[k][n] = s[k];
-        if (d == channel_dim)
-            out->chan = n;
-        n++;
-    }
-    if (n == 0) { /* a single element */
-        out->shape[0] = 1;
-        for (int k = 0; k < 3; k++)
-            out->strides[k][0] = 0;
-        n = 1;
-    }
-    out->ndim = n;
-    return numel;
-}
-
-/* Offsets (bytes) of linear element `idx` in the three tensors, and its
- * channel index. */
-__device__ __forceinline__ void ew_offsets(const EwLayout &L, int64_t idx, int64_t off[3],
-                                           int64_t *chan)
+/* Offsets (bytes) in the three tensors of linear element `idx` of a
+ * layout's dims walked row-major, and its index along dim chan_dim (0 when
+ * chan_dim is -1). */
+template <typename Layout>
+__device__ __forceinline__ void walk_offsets(const Layout &L, int chan_dim, int64_t idx,
+                                             int64_t off[3], int64_t *chan)
 {
     off[0] = off[1] = off[2] = 0;
     *chan = 0;
@@ -147,78 +88,22 @@ __device__ __forceinline__ void ew_offsets(const EwLayout &L, int64_t idx, int64
         off[0] += i * L.strides[0][k];
         off[1] += i * L.strides[1][k];
         off[2] += i * L.strides[2][k];
-        if (k == L.chan)
+        if (k == chan_dim)
             *chan = i;
     }
 }
 
-/* The layout of a channel reduction: the channel dim apart, every other
- * dim (merged where the three tensors allow) enumerated row-major as the
- * reduction index r in [0, R). */
-struct RedLayout {
-    int ndim;
-    int64_t C, R;
-    int64_t cstride[3];              /* the channel dim's strides (bytes) */
-    int64_t shape[GA_MAX_NDIM];      /* the reduced dims */
-    int64_t strides[3][GA_MAX_NDIM]; /* bytes */
-};
-
-void red_layout_make(const ga_tensor *shape_of, const ga_tensor *const t[3], int channel_dim,
-                     RedLayout *out)
+__device__ __forceinline__ void ew_offsets(const ga_ew_layout &L, int64_t idx, int64_t off[3],
+                                           int64_t *chan)
 {
-    int n = 0;
-    out->C = shape_of->shape[channel_dim];
-    out->R = 1;
-    for (int k = 0; k < 3; k++)
-        out->cstride[k] = t[k] ? t[k]->strides[channel_dim] : 0;
-    for (int d = 0; d < shape_of->ndim; d++) {
-        if (d == channel_dim)
-            continue;
-        int64_t size = shape_of->shape[d];
-        out->R *= size;
-        if (size == 1 || size == 0)
-            continue; /* R == 0 leaves every channel's sum at 0 */
-        int64_t s[3];
-        for (int k = 0; k < 3; k++)
-            s[k] = t[k] ? t[k]->strides[d] : 0;
-        bool merge = n > 0;
-        for (int k = 0; k < 3 && merge; k++)
-            merge = out->strides[k][n - 1] == s[k] * size;
-        if (merge) {
-            out->shape[n - 1] *= size;
-            for (int k = 0; k < 3; k++)
-                out->strides[k][n - 1] = s[k];
-            continue;
-        }
-        out->shape[n] = size;
-        for (int k = 0; k < 3; k++)
-            out->strides[k][n] = s[k];
-        n++;
-    }
-    out->ndim = n;
+    walk_offsets(L, L.chan, idx, off, chan);
 }
 
-__device__ __forceinline__ void red_offsets(const RedLayout &L, int64_t r, int64_t off[3])
+/* The reduced index r: every dim of a reduction layout is walked. */
+__device__ __forceinline__ void red_offsets(const ga_red_layout &L, int64_t r, int64_t off[3])
 {
-    off[0] = off[1] = off[2] = 0;
-    for (int k = L.ndim - 1; k >= 0; k--) {
-        int64_t extent = L.shape[k];
-        int64_t i, q;
-        if (k == 0) {
-            i = r;
-            q = 0;
-        } else if ((uint64_t)r <= UINT32_MAX && (uint64_t)extent <= UINT32_MAX) {
-            q = (uint32_t)r / (uint32_t)extent;
-            i = (uint32_t)r - (uint32_t)q * (uint32_t)extent;
-        } else {
-            q = r / extent;
-            i = r - q * extent;
-        }
-        r = q;
-        off[0] += i * L.strides[0][k];
-        off[1] += i * L.strides[1][k];
-        off[2] += i * L.strides[2][k];
-    }
+    int64_t unused;
+    walk_offsets(L, -1, r, off, &unused);
 }
 
 /* ------------------------------------------------------------ forward */
@@ -234,7 +119,7 @@ struct BiasActArgs {
 };
 
 template <typename Acc>
-__global__ void bias_act_kernel(EwLayout L, int64_t numel, BiasActArgs a)
+__global__ void bias_act_kernel(ga_ew_layout L, int64_t numel, BiasActArgs a)
 {
     size_t y_size = ga_dtype_itemsize(a.y_dtype);
     size_t p_size = ga_dtype_itemsize(a.preact_dtype);
@@ -279,15 +164,15 @@ __device__ __forceinline__ Acc dz_value(const BwdArgs &a, Acc g, Acc x, char *dz
 }
 
 template <typename Acc>
-__global__ void act_backward_kernel(EwLayout L, int64_t numel, BwdArgs a)
+__global__ void act_backward_kernel(ga_ew_layout L, int64_t numel, BwdArgs a)
 {
     for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < numel;
          idx += (int64_t)gridDim.x * blockDim.x) {
         int64_t off[3], c;
         ew_offsets(L, idx, off, &c);
         Acc g = (Acc)load_f(a.grad_dtype, a.grad + off[0], a.grad_aligned);
-        Acc x = a.act == GA_ACT_NONE ? (Acc)0
-                                     : (Acc)load_f(a.aux_dtype, a.aux + off[1], a.aux_aligned);
+        Acc x =
+            a.act == GA_ACT_NONE ? (Acc)0 : (Acc)load_f(a.aux_dtype, a.aux + off[1], a.aux_aligned);
         dz_value<Acc>(a, g, x, a.dz + off[2]);
     }
 }
@@ -297,7 +182,7 @@ __global__ void act_backward_kernel(EwLayout L, int64_t numel, BwdArgs a)
  * be grad itself.  (Not unrolled by hand: with the per-element dtype
  * switches inlined, an 8-way unroll made cicc run for over ten minutes.) */
 template <typename Acc>
-__device__ __forceinline__ Acc reduce_channel(const RedLayout &L, const BwdArgs &a, int64_t c,
+__device__ __forceinline__ Acc reduce_channel(const ga_red_layout &L, const BwdArgs &a, int64_t c,
                                               int64_t first, int64_t step)
 {
     Acc s = 0;
@@ -324,7 +209,7 @@ __device__ __forceinline__ void store_bias_grad(const BwdArgs &a, int64_t c, Acc
 }
 
 /* Few elements per channel: one thread sums a whole channel. */
-template <typename Acc> __global__ void bgrad_thread_kernel(RedLayout L, BwdArgs a)
+template <typename Acc> __global__ void bgrad_thread_kernel(ga_red_layout L, BwdArgs a)
 {
     for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < L.C;
          c += (int64_t)gridDim.x * blockDim.x)
@@ -349,7 +234,7 @@ __device__ __forceinline__ void tree_reduce(Acc *part, int lane, int ch)
  * row-major activation): a block takes W neighbouring channels, its H = 512/W
  * thread rows walk the reduced index, so a warp reads whole row segments. */
 template <typename Acc, int W>
-__global__ void __launch_bounds__(kRedThreads) bgrad_tile_kernel(RedLayout L, BwdArgs a)
+__global__ void __launch_bounds__(kRedThreads) bgrad_tile_kernel(ga_red_layout L, BwdArgs a)
 {
     constexpr int H = kRedThreads / W;
     __shared__ Acc part[kRedThreads];
@@ -370,7 +255,7 @@ __global__ void __launch_bounds__(kRedThreads) bgrad_tile_kernel(RedLayout L, Bw
  * channel, its threads walk the reduced index, neighbours reading
  * neighbouring elements. */
 template <typename Acc>
-__global__ void __launch_bounds__(kRedThreads) bgrad_block_kernel(RedLayout L, BwdArgs a)
+__global__ void __launch_bounds__(kRedThreads) bgrad_block_kernel(ga_red_layout L, BwdArgs a)
 {
     __shared__ Acc part[kRedThreads];
     for (int64_t c = blockIdx.x; c < L.C; c += gridDim.x) {
@@ -393,39 +278,9 @@ unsigned grid_for(int64_t work, int64_t per_block)
     return (unsigned)(blocks < kMaxBlocks ? blocks : kMaxBlocks);
 }
 
-bool valid_float(ga_dtype dtype)
-{
-    return (unsigned)dtype < GA_NUM_DTYPES && ga_dtype_is_float(dtype);
-}
-
-bool valid_activation(ga_activation act)
-{
-    return act == GA_ACT_NONE || act == GA_ACT_RELU || act == GA_ACT_GELU;
-}
-
-bool same_shape(const ga_tensor *a, const ga_tensor *b)
-{
-    if (a->ndim != b->ndim)
-        return false;
-    for (int d = 0; d < a->ndim; d++)
-        if (a->shape[d] != b->shape[d])
-            return false;
-    return true;
-}
-
-bool valid_shape(const ga_tensor *t)
-{
-    if (t->ndim < 0 || t->ndim > GA_MAX_NDIM)
-        return false;
-    for (int d = 0; d < t->ndim; d++)
-        if (t->shape[d] < 0)
-            return false;
-    return true;
-}
-
 /* Whether every element of tensor k of the layout sits at a multiple of
  * its size (one wide access per element). */
-bool ew_aligned(const void *p, size_t itemsize, const EwLayout &L, int k)
+bool ew_aligned(const void *p, size_t itemsize, const ga_ew_layout &L, int k)
 {
     if ((uintptr_t)p % itemsize)
         return false;
@@ -435,7 +290,7 @@ bool ew_aligned(const void *p, size_t itemsize, const EwLayout &L, int k)
     return true;
 }
 
-bool red_aligned(const void *p, size_t itemsize, const RedLayout &L, int k)
+bool red_aligned(const void *p, size_t itemsize, const ga_red_layout &L, int k)
 {
     if ((uintptr_t)p % itemsize || L.cstride[k] % (int64_t)itemsize)
         return false;
@@ -445,13 +300,16 @@ bool red_aligned(const void *p, size_t itemsize, const RedLayout &L, int k)
     return true;
 }
 
-int64_t abs64(int64_t v) { return v < 0 ? -v : v; }
+int64_t abs64(int64_t v)
+{
+    return v < 0 ? -v : v;
+}
 
 /* The reduction's shape: a thread per channel when channels are short, W
  * channels per block when the channel is the fastest-varying dim of grad_y,
  * else a block per channel.  A function of shapes and strides only. */
-template <typename Acc> ga_status launch_bias_grad(const RedLayout &L, const BwdArgs &a,
-                                                   cudaStream_t s)
+template <typename Acc>
+ga_status launch_bias_grad(const ga_red_layout &L, const BwdArgs &a, cudaStream_t s)
 {
     if (L.R <= kSmallReduce) {
         bgrad_thread_kernel<Acc><<<grid_for(L.C, kThreads), kThreads, 0, s>>>(L, a);
@@ -478,44 +336,18 @@ template <typename Acc> ga_status launch_bias_grad(const RedLayout &L, const Bwd
     return ga_ok();
 }
 
-bool same_view(const ga_tensor *a, const ga_tensor *b)
-{
-    if (a->data != b->data || a->dtype != b->dtype || !same_shape(a, b))
-        return false;
-    for (int d = 0; d < a->ndim; d++)
-        if (a->shape[d] > 1 && a->strides[d] != b->strides[d])
-            return false;
-    return true;
-}
-
 } // namespace
 
 extern "C" ga_status ga_cuda_bias_activation(int device, const ga_bias_act_desc *desc,
                                              ga_stream stream)
 {
+    GA_TRY_STATUS(ga_check_bias_act(desc, __func__));
     const ga_tensor *x = &desc->x, *y = &desc->y, *pre = &desc->preact;
     bool has_pre = pre->data != NULL, has_bias = desc->bias != NULL;
-    if (!valid_float(x->dtype) || !valid_float(y->dtype) || (has_pre && !valid_float(pre->dtype)) ||
-        (has_bias && !valid_float(desc->bias_dtype)))
-        return GA_STATUS(GA_ERR_INVALID_VALUE, "bias_activation: tensors must be float16, "
-                                               "bfloat16, float32 or float64");
-    if (!valid_activation(desc->activation))
-        return GA_STATUS(GA_ERR_INVALID_VALUE, "bias_activation: unknown activation");
-    if (!valid_shape(x) || !same_shape(x, y) || (has_pre && !same_shape(x, pre)))
-        return GA_STATUS(GA_ERR_INVALID_VALUE, "bias_activation: x, y and preact must have one "
-                                               "shape");
-    if (has_bias && (desc->channel_dim < 0 || desc->channel_dim >= x->ndim))
-        return GA_STATUS(GA_ERR_INVALID_VALUE, "bias_activation: channel_dim out of range");
-
     const ga_tensor *ts[3] = {x, y, has_pre ? pre : NULL};
-    EwLayout L;
-    int64_t numel = ew_layout_make(x, ts, has_bias ? desc->channel_dim : -1, &L);
-    if (numel == 0)
-        return ga_ok();
-    if (!x->data || !y->data)
-        return GA_STATUS(GA_ERR_INVALID_VALUE, "bias_activation: x or y has no data");
-    /* y = x with nothing to add, apply or save: nothing to do */
-    if (!has_bias && !has_pre && desc->activation == GA_ACT_NONE && same_view(x, y))
+    ga_ew_layout L;
+    int64_t numel = ga_ew_layout_make(x, ts, has_bias ? desc->channel_dim : -1, &L);
+    if (numel == 0 || ga_bias_act_is_noop(desc))
         return ga_ok();
 
     BiasActArgs a;
@@ -532,11 +364,9 @@ extern "C" ga_status ga_cuda_bias_activation(int device, const ga_bias_act_desc 
     a.y_aligned = ew_aligned(y->data, ga_dtype_itemsize(y->dtype), L, 1);
     a.preact_aligned = has_pre && ew_aligned(pre->data, ga_dtype_itemsize(pre->dtype), L, 2);
     a.bias_aligned = has_bias && (uintptr_t)desc->bias % ga_dtype_itemsize(desc->bias_dtype) == 0;
-    bool f64 = x->dtype == GA_FLOAT64 || y->dtype == GA_FLOAT64 ||
-               (has_pre && pre->dtype == GA_FLOAT64) ||
-               (has_bias && desc->bias_dtype == GA_FLOAT64);
+    bool f64 = ga_bias_act_in_double(desc);
 
-    NvtxRange range("gpuaccel::bias_activation");
+    GA_NVTX_RANGE("bias_activation");
     GA_WITH_DEVICE(device);
     cudaStream_t s = ga_cu_stream(stream);
     if (f64)
@@ -550,31 +380,11 @@ extern "C" ga_status ga_cuda_bias_activation(int device, const ga_bias_act_desc 
 extern "C" ga_status ga_cuda_activation_backward(int device, const ga_act_backward_desc *desc,
                                                  ga_stream stream)
 {
+    GA_TRY_STATUS(ga_check_act_backward(desc, __func__));
     const ga_tensor *g = &desc->grad_y, *aux = &desc->aux, *dz = &desc->dz;
     ga_activation act = desc->activation;
     bool has_dz = dz->data != NULL, has_bg = desc->bias_grad != NULL;
-    if (!valid_activation(act))
-        return GA_STATUS(GA_ERR_INVALID_VALUE, "activation_backward: unknown activation");
-    if (!valid_float(g->dtype) || (act != GA_ACT_NONE && !valid_float(aux->dtype)) ||
-        (has_dz && !valid_float(dz->dtype)) || (has_bg && !valid_float(desc->bias_grad_dtype)))
-        return GA_STATUS(GA_ERR_INVALID_VALUE, "activation_backward: tensors must be float16, "
-                                               "bfloat16, float32 or float64");
-    if (!valid_shape(g) || (act != GA_ACT_NONE && !same_shape(g, aux)) ||
-        (has_dz && !same_shape(g, dz)))
-        return GA_STATUS(GA_ERR_INVALID_VALUE, "activation_backward: grad_y, aux and dz must "
-                                               "have one shape");
-    if (has_bg && (desc->channel_dim < 0 || desc->channel_dim >= g->ndim))
-        return GA_STATUS(GA_ERR_INVALID_VALUE, "activation_backward: channel_dim out of range");
-    if (!has_dz && !has_bg)
-        return ga_ok();
-
-    int64_t numel = 1;
-    for (int d = 0; d < g->ndim; d++)
-        numel *= g->shape[d];
-    if (numel > 0 && (!g->data || (act != GA_ACT_NONE && !aux->data)))
-        return GA_STATUS(GA_ERR_INVALID_VALUE, "activation_backward: grad_y or aux has no data");
-    /* dz = grad_y in place with no bias gradient: nothing to do */
-    if (act == GA_ACT_NONE && !has_bg && same_view(g, dz))
+    if (ga_act_backward_is_noop(desc))
         return ga_ok();
 
     BwdArgs a;
@@ -585,20 +395,16 @@ extern "C" ga_status ga_cuda_activation_backward(int device, const ga_act_backwa
     a.grad_dtype = g->dtype;
     a.aux_dtype = act != GA_ACT_NONE ? aux->dtype : g->dtype;
     a.dz_dtype = has_dz ? dz->dtype : g->dtype;
-    /* the bias gradient sums dz as stored; without a dz, as dz's dtype
-     * would store it (grad_y's when dz carries no float dtype) */
-    a.sum_dtype = has_dz || valid_float(dz->dtype) ? dz->dtype : g->dtype;
+    a.sum_dtype = ga_act_backward_sum_dtype(desc);
     a.bias_grad_dtype = has_bg ? desc->bias_grad_dtype : g->dtype;
     a.act = act;
-    bool f64 = g->dtype == GA_FLOAT64 || (act != GA_ACT_NONE && aux->dtype == GA_FLOAT64) ||
-               (has_dz && dz->dtype == GA_FLOAT64) ||
-               (has_bg && desc->bias_grad_dtype == GA_FLOAT64);
+    bool f64 = ga_act_backward_in_double(desc);
     const ga_tensor *ts[3] = {g, act != GA_ACT_NONE ? aux : NULL, has_dz ? dz : NULL};
 
-    NvtxRange range("gpuaccel::activation_backward");
+    GA_NVTX_RANGE("activation_backward");
     if (!has_bg) {
-        EwLayout L;
-        ew_layout_make(g, ts, -1, &L);
+        ga_ew_layout L;
+        int64_t numel = ga_ew_layout_make(g, ts, -1, &L);
         if (numel == 0)
             return ga_ok();
         a.grad_aligned = ew_aligned(g->data, ga_dtype_itemsize(g->dtype), L, 0);
@@ -616,8 +422,8 @@ extern "C" ga_status ga_cuda_activation_backward(int device, const ga_act_backwa
     }
 
     /* with a bias gradient: one pass writes dz and sums it */
-    RedLayout L;
-    red_layout_make(g, ts, desc->channel_dim, &L);
+    ga_red_layout L;
+    ga_red_layout_make(g, ts, desc->channel_dim, &L);
     if (L.C == 0)
         return ga_ok();
     a.grad_aligned = L.R == 0 || red_aligned(g->data, ga_dtype_itemsize(g->dtype), L, 0);

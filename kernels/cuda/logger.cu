@@ -6,7 +6,8 @@
 #include "../logger_update.h"
 #include "common.cuh"
 
-namespace {
+namespace
+{
 
 /* One thread per metric of the call.  With step == 0 (CUDA graph replay)
  * the step comes from the state's own counter, so each replay writes the
@@ -36,8 +37,7 @@ __global__ void logger_reset_kernel(void *state, int max_metrics, int64_t capaci
 
 } // namespace
 
-extern "C" ga_status ga_cuda_logger_update(int device, const ga_logger_update *u,
-                                           ga_stream stream)
+extern "C" ga_status ga_cuda_logger_update(int device, const ga_logger_update *u, ga_stream stream)
 {
     if (u->n < 0 || u->n > GA_LOGGER_MAX_PER_CALL || u->capacity < 1 || u->max_metrics < 1 ||
         u->max_metrics > GA_LOGGER_MAX_METRICS)

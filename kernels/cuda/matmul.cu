@@ -37,14 +37,15 @@
 #include <string>
 
 #include <cublasLt.h>
-#include <nvtx3/nvToolsExt.h>
 
+#include "../activation.h"
 #include "../kernels.h"
 #include "common.cuh"
 #include "elem.cuh"
 #include "plan_cache.h"
 
-namespace {
+namespace
+{
 
 constexpr int kMaxDevices = 64;
 constexpr int kTile = 16;
@@ -64,13 +65,6 @@ ga_status lt_handle(int device, cublasLtHandle_t *out)
     *out = handles[device];
     return ga_ok();
 }
-
-struct NvtxRange {
-    explicit NvtxRange(const char *name) { nvtxRangePushA(name); }
-    ~NvtxRange() { nvtxRangePop(); }
-    NvtxRange(const NvtxRange &) = delete;
-    NvtxRange &operator=(const NvtxRange &) = delete;
-};
 
 /* --------------------------------------------------- generic GEMM kernel */
 
@@ -124,12 +118,11 @@ template <typename Acc> __global__ void gemm_generic_kernel(GenericArgs g)
 ga_status run_generic(const ga_matmul_desc *desc, cudaStream_t s)
 {
     const ga_matrix &A = desc->a, &B = desc->b, &D = desc->d;
-    GenericArgs g = {desc->batch,  D.rows,         D.cols,         A.cols,
-                     (const char *)A.data, (const char *)B.data, (char *)D.data,
-                     A.dtype,      B.dtype,        D.dtype,
-                     A.row_stride, A.col_stride,   A.batch_stride, B.row_stride,
-                     B.col_stride, B.batch_stride, D.row_stride,   D.col_stride,
-                     D.batch_stride};
+    GenericArgs g = {
+        desc->batch,          D.rows,         D.cols,         A.cols,        (const char *)A.data,
+        (const char *)B.data, (char *)D.data, A.dtype,        B.dtype,       D.dtype,
+        A.row_stride,         A.col_stride,   A.batch_stride, B.row_stride,  B.col_stride,
+        B.batch_stride,       D.row_stride,   D.col_stride,   D.batch_stride};
     int64_t col_tiles = (g.N + kTile - 1) / kTile, row_tiles = (g.M + kTile - 1) / kTile;
     if (col_tiles > INT32_MAX)
         return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: too many columns for the generic kernel");
@@ -417,8 +410,8 @@ ga_status make_matmul_desc(const LtCall &c, cublasLtMatmulDesc_t *out)
         GA_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                      &c.bias_ptr, sizeof c.bias_ptr));
         int32_t bt = (int32_t)c.bias_type;
-        GA_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt,
-                                                     sizeof bt));
+        GA_CUBLAS_TRY(
+            cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
     }
     if (epilogue_has_aux(c.epilogue)) {
         GA_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
@@ -426,9 +419,9 @@ ga_status make_matmul_desc(const LtCall &c, cublasLtMatmulDesc_t *out)
         GA_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
                                                      &c.ld_aux, sizeof c.ld_aux));
         if (c.batch > 1)
-            GA_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(
-                d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE, &c.aux_batch_stride,
-                sizeof c.aux_batch_stride));
+            GA_CUBLAS_TRY(
+                cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE,
+                                               &c.aux_batch_stride, sizeof c.aux_batch_stride));
     }
     return ga_ok();
 }
@@ -503,8 +496,7 @@ ga_status build_plan(cublasLtHandle_t handle, const LtCall &c, const ga_matmul_d
     return ga_ok();
 }
 
-std::string plan_key(int device, const LtCall &c, const ga_matmul_desc *desc,
-                     size_t workspace_size)
+std::string plan_key(int device, const LtCall &c, const ga_matmul_desc *desc, size_t workspace_size)
 {
     std::string key;
     key.reserve(200);
@@ -628,18 +620,13 @@ ga_status lt_matmul(int device, const ga_matmul_desc *desc, const LtCall &c, voi
     return ga_cublas_error(st, "cublasLtMatmul", __FILE__, __LINE__);
 }
 
-bool valid_float(ga_dtype dtype)
-{
-    return (unsigned)dtype < GA_NUM_DTYPES && ga_dtype_is_float(dtype);
-}
-
 ga_status validate(const ga_matmul_desc *d)
 {
     const ga_matrix &A = d->a, &B = d->b, &D = d->d;
     int64_t M = A.rows, K = A.cols, N = B.cols;
     if (d->batch < 0 || M < 0 || K < 0 || N < 0)
         return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: negative size");
-    if (!valid_float(A.dtype) || B.dtype != A.dtype)
+    if (!ga_dtype_is_float(A.dtype) || B.dtype != A.dtype)
         return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: A and B must share one float dtype");
     if (!(D.dtype == A.dtype ||
           (D.dtype == GA_FLOAT32 && (A.dtype == GA_FLOAT16 || A.dtype == GA_BFLOAT16))))
@@ -652,19 +639,20 @@ ga_status validate(const ga_matmul_desc *d)
         return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: a matrix has no data");
     if (d->bias && !(d->bias_dtype == A.dtype || d->bias_dtype == D.dtype))
         return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: bias must have A's or D's dtype");
-    if (d->preact.data && (d->preact.rows != M || d->preact.cols != N || d->preact.dtype != D.dtype))
+    if (d->preact.data &&
+        (d->preact.rows != M || d->preact.cols != N || d->preact.dtype != D.dtype))
         return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: preact must be M x N of D's dtype");
-    if ((unsigned)d->activation > GA_ACT_GELU || (unsigned)d->dact > GA_ACT_GELU)
+    if (!ga_activation_is_valid(d->activation) || !ga_activation_is_valid(d->dact))
         return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: unknown activation");
     if (d->dact != GA_ACT_NONE) {
         if (d->bias || d->activation != GA_ACT_NONE || d->preact.data)
             return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: a backward epilogue excludes the "
                                                    "forward one");
-        if (d->dact_aux.rows != M || d->dact_aux.cols != N || !valid_float(d->dact_aux.dtype) ||
-            (!empty && !d->dact_aux.data))
+        if (d->dact_aux.rows != M || d->dact_aux.cols != N ||
+            !ga_dtype_is_float(d->dact_aux.dtype) || (!empty && !d->dact_aux.data))
             return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: dact_aux must be M x N");
     }
-    if (d->col_sums && !valid_float(d->col_sums_dtype))
+    if (d->col_sums && !ga_dtype_is_float(d->col_sums_dtype))
         return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: col_sums must have a float dtype");
     if (d->col_sums && (d->bias || d->activation != GA_ACT_NONE || d->preact.data))
         return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: col_sums excludes a forward epilogue");
@@ -673,7 +661,7 @@ ga_status validate(const ga_matmul_desc *d)
             d->dact != GA_ACT_NONE || d->col_sums)
             return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: a_row_sums only with no other "
                                                    "epilogue and batch 1");
-        if (!valid_float(d->a_row_sums_dtype))
+        if (!ga_dtype_is_float(d->a_row_sums_dtype))
             return GA_STATUS(GA_ERR_INVALID_VALUE, "matmul: a_row_sums must have a float dtype");
     }
     return ga_ok();
@@ -706,8 +694,7 @@ extern "C" size_t ga_cuda_matmul_workspace_size(int device)
 }
 
 extern "C" ga_status ga_cuda_matmul(int device, const ga_matmul_desc *desc, void *workspace,
-                                    size_t workspace_size, ga_stream stream,
-                                    ga_op_report *report)
+                                    size_t workspace_size, ga_stream stream, ga_op_report *report)
 {
     GA_TRY_STATUS(validate(desc));
     ga_op_report rep = {0, 0, 0, 0};
@@ -730,7 +717,7 @@ extern "C" ga_status ga_cuda_matmul(int device, const ga_matmul_desc *desc, void
         }
         return ga_ok();
     }
-    NvtxRange range("gpuaccel::matmul");
+    GA_NVTX_RANGE("matmul");
     GA_WITH_DEVICE(device);
     cudaStream_t s = ga_cu_stream(stream);
     if (!workspace)

@@ -9,7 +9,8 @@
 #include "../convert.h"
 #include "common.cuh"
 
-namespace {
+namespace
+{
 
 constexpr int kThreads = 256;
 

@@ -20,7 +20,8 @@
 #include <string>
 #include <unordered_map>
 
-class GaPlanCache {
+class GaPlanCache
+{
   public:
     std::shared_ptr<void> find(const std::string &key)
     {
@@ -40,8 +41,14 @@ class GaPlanCache {
         plans_[key] = std::move(plan);
     }
 
-    uint64_t hits() const { return hits_.load(); }
-    uint64_t misses() const { return misses_.load(); }
+    uint64_t hits() const
+    {
+        return hits_.load();
+    }
+    uint64_t misses() const
+    {
+        return misses_.load();
+    }
 
   private:
     std::mutex mutex_;

@@ -131,7 +131,8 @@ extern "C" ga_status ga_cuda_thread_init(int device)
  * streams go back to a per-device free list and are handed out again (as
  * torch's stream pool does); work a reused stream inherits only orders
  * later work after it. */
-namespace {
+namespace
+{
 struct pooled_stream {
     cudaStream_t stream;
     int priority;

@@ -1,5 +1,5 @@
 /*
- * losslog.c — the native core of gpuaccel.LossLogger (gpuaccel/logger.py
+ * logger.c — the native core of gpuaccel.LossLogger (gpuaccel/logger.py
  * subclasses it and holds callbacks, history, progress bars and the
  * distributed reduce).
  *
@@ -21,17 +21,19 @@
 #include <time.h>
 
 #include "array.h"
+#include "logger.h"
+#include "torch.h"
 
 enum { METRIC_UNUSED = 0, METRIC_HOST = 1, METRIC_CUDA = 2 };
 
 /* A snapshot in the layout stats[max_metrics][6] | present[n] | values[n][max_metrics]. */
 typedef struct {
-    int64_t start, end; /* steps [start, end] */
-    char *host;         /* malloc'd snapshot of the host state, or NULL */
-    ga_block *pinned;   /* snapshot of the device state, or NULL */
-    ga_event event;     /* recorded after the device snapshot */
+    int64_t start, end;                  /* steps [start, end] */
+    char *host;                          /* malloc'd snapshot of the host state, or NULL */
+    ga_block *pinned;                    /* snapshot of the device state, or NULL */
+    ga_event event;                      /* recorded after the device snapshot */
     PyObject *host_reduce, *cuda_reduce; /* pending distributed reductions (Python handles) */
-    int graph;          /* a readout of steps logged by CUDA graph replays */
+    int graph;                           /* a readout of steps logged by CUDA graph replays */
 } window_record;
 
 typedef struct {
@@ -43,16 +45,16 @@ typedef struct {
     PyObject *names;      /* dict: name -> index */
     PyObject *name_list;  /* list: index -> name */
     int kind[GA_LOGGER_MAX_METRICS];
-    int reduce;           /* snapshots are all-reduced (hooks in Python) */
+    int reduce; /* snapshots are all-reduced (hooks in Python) */
     /* host state */
     char *host_state;
     /* device state */
-    int device;           /* -1 until the first CUDA value */
+    int device; /* -1 until the first CUDA value */
     ga_block *device_state;
     ga_stream fixed_stream; /* stream= given to the constructor */
     int has_fixed_stream;
-    ga_stream last_stream;  /* the stream of the previous update */
-    int64_t graph_read;     /* last device step read back after graph replays */
+    ga_stream last_stream; /* the stream of the previous update */
+    int64_t graph_read;    /* last device step read back after graph replays */
     int graph_mode;
     /* windows */
     window_record *pending;
@@ -61,7 +63,7 @@ typedef struct {
     int nspare, cap_spare;
     PyObject *error; /* an exception the next log() raises (non-finite values) */
     int closed;
-    PyObject *torch_tensor_type, *torch_raw_stream;
+    int follows_torch; /* CUDA torch tensors were logged: read on torch's stream */
 } LoggerObject;
 
 static size_t snapshot_bytes(LoggerObject *lg, int64_t rows)
@@ -148,56 +150,6 @@ static int Logger_init(LoggerObject *lg, PyObject *args, PyObject *kwargs)
 
 /* ------------------------------------------------------------ values */
 
-static PyObject *torch_tensor_type(LoggerObject *lg)
-{
-    if (!lg->torch_tensor_type) {
-        PyObject *modules = PyImport_GetModuleDict();
-        PyObject *mod = modules ? PyDict_GetItemString(modules, "torch") : NULL;
-        if (!mod)
-            return NULL; /* torch not imported: no tensor can be a torch tensor */
-        lg->torch_tensor_type = PyObject_GetAttrString(mod, "Tensor");
-        lg->torch_raw_stream = PyObject_GetAttrString(mod, "_C");
-        if (lg->torch_raw_stream) {
-            PyObject *fn = PyObject_GetAttrString(lg->torch_raw_stream, "_cuda_getCurrentRawStream");
-            Py_SETREF(lg->torch_raw_stream, fn);
-        }
-        PyErr_Clear();
-    }
-    return lg->torch_tensor_type;
-}
-
-static int torch_dtype(PyObject *tensor, ga_dtype *out)
-{
-    PyObject *dtype = PyObject_GetAttrString(tensor, "dtype");
-    if (!dtype)
-        return -1;
-    PyObject *text = PyObject_Str(dtype);
-    Py_DECREF(dtype);
-    if (!text)
-        return -1;
-    const char *name = PyUnicode_AsUTF8(text);
-    static const struct {
-        const char *name;
-        ga_dtype dtype;
-    } table[] = {
-        {"torch.float32", GA_FLOAT32}, {"torch.bfloat16", GA_BFLOAT16}, {"torch.float16", GA_FLOAT16},
-        {"torch.float64", GA_FLOAT64}, {"torch.int64", GA_INT64},       {"torch.int32", GA_INT32},
-        {"torch.int16", GA_INT16},     {"torch.int8", GA_INT8},         {"torch.uint8", GA_UINT8},
-        {"torch.bool", GA_BOOL},
-    };
-    int rc = -1;
-    for (size_t k = 0; name && k < sizeof table / sizeof table[0]; k++) {
-        if (strcmp(name, table[k].name) == 0) {
-            *out = table[k].dtype;
-            rc = 0;
-        }
-    }
-    Py_DECREF(text);
-    if (rc < 0 && !PyErr_Occurred())
-        PyErr_SetString(PyExc_TypeError, "unsupported tensor dtype");
-    return rc;
-}
-
 static long long call_long(PyObject *obj, const char *method)
 {
     PyObject *r = PyObject_CallMethod(obj, method, NULL);
@@ -247,8 +199,7 @@ static int classify(ga_state *st, LoggerObject *lg, PyObject *name, PyObject *va
         *device = a->device.index;
         return 0;
     }
-    PyObject *tensor_type = torch_tensor_type(lg);
-    if (tensor_type && PyObject_IsInstance(value, tensor_type) == 1) {
+    if (ga_is_torch_tensor(st, value)) {
         long long numel = call_long(value, "numel");
         if (numel != 1) {
             if (!PyErr_Occurred())
@@ -274,8 +225,9 @@ static int classify(ga_state *st, LoggerObject *lg, PyObject *name, PyObject *va
         }
         long long address = call_long(value, "data_ptr");
         long long index = address == -1 && PyErr_Occurred() ? -1 : call_long(value, "get_device");
-        if (PyErr_Occurred() || torch_dtype(value, dtype) < 0)
+        if (PyErr_Occurred() || ga_torch_dtype(st, value, dtype) < 0)
             return -1;
+        lg->follows_torch = 1;
         *is_cuda = 1;
         *ptr = (const void *)(uintptr_t)address;
         *device = (int)index;
@@ -309,23 +261,18 @@ static int metric_index(LoggerObject *lg, PyObject *name)
     return (int)n;
 }
 
-/* The stream a CUDA value was produced on: stream= of the constructor, else
- * torch's current stream of that device. */
+/* The stream a CUDA value was produced on: stream= of the constructor,
+ * else torch's current stream of that device once torch's CUDA tensors are
+ * logged, else gpuaccel's current stream. */
 static int value_stream(ga_state *st, LoggerObject *lg, int device, ga_stream *out)
 {
     if (lg->has_fixed_stream) {
         *out = lg->fixed_stream;
         return 0;
     }
-    if (lg->torch_raw_stream) {
-        PyObject *r = PyObject_CallFunction(lg->torch_raw_stream, "i", device);
-        if (r) {
-            *out = (ga_stream)PyLong_AsVoidPtr(r);
-            Py_DECREF(r);
-            return PyErr_Occurred() ? -1 : 0;
-        }
-        PyErr_Clear();
-    }
+    int from_torch = lg->follows_torch ? ga_torch_current_stream(st, device, out) : 0;
+    if (from_torch != 0)
+        return from_torch < 0 ? -1 : 0;
     return ga_current_stream(st, device, out);
 }
 
@@ -339,7 +286,8 @@ static void copy_rows_host(LoggerObject *lg, char *dst, const char *state, int64
     uint64_t *present = (uint64_t *)(dst + stats);
     float *values = (float *)(dst + stats + (size_t)rows * 8);
     const uint64_t *sp = (const uint64_t *)(state + ga_logger_present_offset(lg->max_metrics));
-    const float *sv = (const float *)(state + ga_logger_values_offset(lg->capacity, lg->max_metrics));
+    const float *sv =
+        (const float *)(state + ga_logger_values_offset(lg->capacity, lg->max_metrics));
     for (int64_t k = 0; k < rows; k++) {
         int64_t row = (start - 1 + k) % lg->capacity;
         present[k] = sp[row];
@@ -355,7 +303,8 @@ static ga_status copy_rows_device(LoggerObject *lg, char *dst, const char *state
 {
     size_t stats = (size_t)lg->max_metrics * GA_LOGGER_STATS * sizeof(double);
     size_t row_values = (size_t)lg->max_metrics * sizeof(float);
-    GA_TRY_STATUS(ga_cuda_memcpy_async(lg->device, dst, state + ga_logger_stats_offset(), stats, s));
+    GA_TRY_STATUS(
+        ga_cuda_memcpy_async(lg->device, dst, state + ga_logger_stats_offset(), stats, s));
     const char *sp = state + ga_logger_present_offset(lg->max_metrics);
     const char *sv = state + ga_logger_values_offset(lg->capacity, lg->max_metrics);
     char *dp = dst + stats, *dv = dst + stats + (size_t)rows * 8;
@@ -365,7 +314,8 @@ static ga_status copy_rows_device(LoggerObject *lg, char *dst, const char *state
     GA_TRY_STATUS(ga_cuda_memcpy_async(lg->device, dv, sv + first * row_values,
                                        (size_t)part * row_values, s));
     if (part < rows) {
-        GA_TRY_STATUS(ga_cuda_memcpy_async(lg->device, dp + part * 8, sp, (size_t)(rows - part) * 8, s));
+        GA_TRY_STATUS(
+            ga_cuda_memcpy_async(lg->device, dp + part * 8, sp, (size_t)(rows - part) * 8, s));
         GA_TRY_STATUS(ga_cuda_memcpy_async(lg->device, dv + part * row_values, sv,
                                            (size_t)(rows - part) * row_values, s));
     }
@@ -478,10 +428,10 @@ static int close_window(ga_state *st, LoggerObject *lg)
         /* all-reduce the device stats in place, on the logging stream */
         int64_t shape[2] = {lg->max_metrics, GA_LOGGER_STATS};
         ga_device dev = {GA_DEVICE_CUDA, lg->device};
-        ArrayObject *stats = ga_array_wrap(st, (char *)lg->device_state->ptr + ga_logger_stats_offset(),
-                                           GA_FLOAT64, 2, shape, NULL, dev, 0, (PyObject *)lg);
-        r->cuda_reduce = stats ? call_hook(lg, "_reduce_device", (PyObject *)stats)
-                               : NULL;
+        ArrayObject *stats =
+            ga_array_wrap(st, (char *)lg->device_state->ptr + ga_logger_stats_offset(), GA_FLOAT64,
+                          2, shape, NULL, dev, 0, (PyObject *)lg);
+        r->cuda_reduce = stats ? call_hook(lg, "_reduce_device", (PyObject *)stats) : NULL;
         Py_XDECREF(stats);
         if (!r->cuda_reduce)
             return -1;
@@ -540,7 +490,8 @@ static PyObject *window_dict(LoggerObject *lg, window_record *r)
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(lg->name_list);
     for (Py_ssize_t m = 0; m < n; m++) {
-        const char *snap = lg->kind[m] == METRIC_CUDA ? (r->pinned ? r->pinned->ptr : NULL) : r->host;
+        const char *snap =
+            lg->kind[m] == METRIC_CUDA ? (r->pinned ? r->pinned->ptr : NULL) : r->host;
         if (!snap || lg->kind[m] == METRIC_UNUSED)
             continue;
         const double *stats = (const double *)snap + m * GA_LOGGER_STATS;
@@ -680,9 +631,8 @@ static int has_host_metrics(const LoggerObject *lg)
  * not freed or reused before it ran.  Not while capturing: an event
  * recorded in a capture cannot be waited on outside it (the graph's
  * inputs must outlive its replays anyway). */
-static int update_on_device(ga_state *st, LoggerObject *lg, const ga_logger_update *u,
-                            ga_stream s, int capturing, ArrayObject *const *arrays,
-                            int narrays)
+static int update_on_device(ga_state *st, LoggerObject *lg, const ga_logger_update *u, ga_stream s,
+                            int capturing, ArrayObject *const *arrays, int narrays)
 {
     for (int k = 0; k < narrays && !capturing; k++)
         if (ga_array_prepare_stream(st, arrays[k], s) < 0)
@@ -705,7 +655,8 @@ static PyObject *Logger_log(LoggerObject *lg, PyObject *const *args, Py_ssize_t 
     if (!st)
         return NULL;
     if (nargs) {
-        PyErr_SetString(PyExc_TypeError, "LossLogger.log takes metrics as keywords: log(loss=loss)");
+        PyErr_SetString(PyExc_TypeError,
+                        "LossLogger.log takes metrics as keywords: log(loss=loss)");
         return NULL;
     }
     if (lg->closed) {
@@ -904,7 +855,8 @@ static int read_graph_steps(ga_state *st, LoggerObject *lg)
         r->start = start;
         r->end = end;
         r->graph = 1;
-        r->pinned = ga_block_alloc(st, GA_MEM_PINNED, -1, snapshot_bytes(lg, end - start + 1), NULL);
+        r->pinned =
+            ga_block_alloc(st, GA_MEM_PINNED, -1, snapshot_bytes(lg, end - start + 1), NULL);
         if (!r->pinned)
             return -1;
         GA_CHECK(st, copy_rows_device(lg, r->pinned->ptr, lg->device_state->ptr, start,
@@ -1021,8 +973,6 @@ static int Logger_clear(LoggerObject *lg)
     Py_CLEAR(lg->names);
     Py_CLEAR(lg->name_list);
     Py_CLEAR(lg->error);
-    Py_CLEAR(lg->torch_tensor_type);
-    Py_CLEAR(lg->torch_raw_stream);
     for (int k = 0; k < lg->npending; k++) {
         Py_CLEAR(lg->pending[k].host_reduce);
         Py_CLEAR(lg->pending[k].cuda_reduce);

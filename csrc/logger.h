@@ -1,0 +1,11 @@
+/*
+ * logger.h — the native core of gpuaccel.LossLogger (csrc/logger.c).
+ */
+#ifndef GPUACCEL_LOGGER_H
+#define GPUACCEL_LOGGER_H
+
+#include "module.h"
+
+extern PyType_Spec ga_logger_spec;
+
+#endif

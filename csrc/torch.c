@@ -1,0 +1,174 @@
+/*
+ * torch.c — what gpuaccel needs of torch, without DLPack and without
+ * importing it: its Tensor type, its dtype objects and its current stream
+ * function, looked up once the user has imported torch and kept in the
+ * module state (ga_state).  torch's __dlpack__ costs microseconds of
+ * Python per call; these read a tensor's pointer, sizes, strides, dtype
+ * and device directly.
+ */
+#include "torch.h"
+#include "dlpack.h"
+
+/* 1 once torch is imported (its objects are then in the module state), 0
+ * before. */
+static int load_torch(ga_state *st)
+{
+    if (st->torch_tensor_type)
+        return 1;
+    PyObject *modules = PyImport_GetModuleDict();
+    PyObject *torch = modules ? PyDict_GetItemString(modules, "torch") : NULL;
+    if (!torch)
+        return 0;
+    PyObject *tensor = PyObject_GetAttrString(torch, "Tensor");
+    if (!tensor || !PyType_Check(tensor)) {
+        Py_XDECREF(tensor);
+        PyErr_Clear();
+        return 0;
+    }
+    for (int d = 0; d < GA_NUM_DTYPES; d++) {
+        st->torch_dtypes[d] = PyObject_GetAttrString(torch, ga_dtype_name((ga_dtype)d));
+        if (!st->torch_dtypes[d])
+            PyErr_Clear();
+    }
+    /* absent from a CPU-only torch build: then no tensor is a CUDA one */
+    PyObject *torch_c = PyObject_GetAttrString(torch, "_C");
+    st->torch_raw_stream =
+        torch_c ? PyObject_GetAttrString(torch_c, "_cuda_getCurrentRawStream") : NULL;
+    Py_XDECREF(torch_c);
+    PyErr_Clear();
+    st->torch_tensor_type = tensor;
+    return 1;
+}
+
+int ga_is_torch_tensor(ga_state *st, PyObject *obj)
+{
+    return load_torch(st) && PyObject_TypeCheck(obj, (PyTypeObject *)st->torch_tensor_type);
+}
+
+int ga_torch_dtype(ga_state *st, PyObject *tensor, ga_dtype *out)
+{
+    PyObject *dtype = PyObject_GetAttrString(tensor, "dtype");
+    if (!dtype)
+        return -1;
+    int found = -1;
+    for (int d = 0; d < GA_NUM_DTYPES && found < 0; d++)
+        if (st->torch_dtypes[d] == dtype)
+            found = d;
+    if (found < 0)
+        PyErr_Format(PyExc_TypeError,
+                     "torch tensors of dtype %R are not supported; gpuaccel supports bool, uint8, "
+                     "int8, int16, int32, int64, float16, bfloat16, float32 and float64",
+                     dtype);
+    Py_DECREF(dtype);
+    if (found < 0)
+        return -1;
+    *out = (ga_dtype)found;
+    return 0;
+}
+
+int ga_torch_current_stream(ga_state *st, int device, ga_stream *out)
+{
+    if (!load_torch(st) || !st->torch_raw_stream)
+        return 0;
+    PyObject *r = PyObject_CallFunction(st->torch_raw_stream, "i", device);
+    if (!r)
+        return -1;
+    void *handle = PyLong_AsVoidPtr(r);
+    Py_DECREF(r);
+    if (PyErr_Occurred())
+        return -1;
+    /* torch's 0 is the legacy default stream, which gpuaccel names 1 */
+    *out = handle ? (ga_stream)handle : GA_STREAM_LEGACY;
+    return 1;
+}
+
+/* The tensor's device: CPU, or a usable CUDA device. */
+static int torch_device(ga_state *st, PyObject *t, ga_device *out)
+{
+    PyObject *flag = PyObject_GetAttrString(t, "is_cuda");
+    if (!flag)
+        return -1;
+    int is_cuda = flag == Py_True;
+    Py_DECREF(flag);
+    if (is_cuda) {
+        PyObject *r = PyObject_CallMethod(t, "get_device", NULL);
+        long long index = r ? PyLong_AsLongLong(r) : -1;
+        Py_XDECREF(r);
+        if (index < 0 || PyErr_Occurred())
+            return -1;
+        out->type = GA_DEVICE_CUDA;
+        out->index = (int)index;
+        return ga_ensure_cuda_device(st, out->index);
+    }
+    if (!(flag = PyObject_GetAttrString(t, "is_cpu")))
+        return -1;
+    int is_cpu = flag == Py_True;
+    Py_DECREF(flag);
+    if (!is_cpu) {
+        PyErr_SetString(PyExc_TypeError,
+                        "only CPU and CUDA torch tensors can be used (this one is on another "
+                        "device, e.g. 'meta')");
+        return -1;
+    }
+    out->type = GA_DEVICE_CPU;
+    out->index = 0;
+    return 0;
+}
+
+static int64_t tuple_int(PyObject *t, Py_ssize_t k)
+{
+    return PyLong_AsLongLong(PyTuple_GET_ITEM(t, k));
+}
+
+/* An Array over the tensor's memory as it lies (no neg bit to resolve). */
+static ArrayObject *wrap_tensor(ga_state *st, PyObject *t, ga_dtype dtype, ga_device device)
+{
+    PyObject *ptr = NULL, *shape = NULL, *stride = NULL;
+    ArrayObject *arr = NULL;
+    if (!(ptr = PyObject_CallMethod(t, "data_ptr", NULL)) ||
+        !(shape = PyObject_GetAttrString(t, "shape")) ||
+        !(stride = PyObject_CallMethod(t, "stride", NULL)))
+        goto done;
+    if (!PyTuple_Check(shape) || !PyTuple_Check(stride) ||
+        PyTuple_GET_SIZE(shape) != PyTuple_GET_SIZE(stride) ||
+        PyTuple_GET_SIZE(shape) > GA_MAX_NDIM) {
+        PyErr_SetString(PyExc_TypeError, "unexpected torch tensor geometry");
+        goto done;
+    }
+    int ndim = (int)PyTuple_GET_SIZE(shape);
+    int64_t dims[GA_MAX_NDIM], strides[GA_MAX_NDIM];
+    int64_t item = (int64_t)ga_dtype_itemsize(dtype);
+    for (int d = 0; d < ndim; d++) {
+        dims[d] = tuple_int(shape, d);
+        strides[d] = tuple_int(stride, d) * item;
+    }
+    void *data = PyLong_AsVoidPtr(ptr);
+    if (PyErr_Occurred())
+        goto done;
+    arr = ga_array_wrap(st, data, dtype, ndim, dims, strides, device, 0, t);
+done:
+    Py_XDECREF(ptr);
+    Py_XDECREF(shape);
+    Py_XDECREF(stride);
+    return arr;
+}
+
+ArrayObject *ga_from_torch(ga_state *st, PyObject *t)
+{
+    ga_dtype dtype;
+    if (ga_torch_dtype(st, t, &dtype) < 0)
+        return NULL;
+    /* lazily negated views (torch's neg bit) hold other values than their
+     * memory: let torch's own DLPack export resolve them */
+    PyObject *negated = PyObject_CallMethod(t, "is_neg", NULL);
+    if (!negated)
+        return NULL;
+    int is_neg = negated == Py_True;
+    Py_DECREF(negated);
+    if (is_neg)
+        return ga_from_dlpack_object(st, t);
+    ga_device device;
+    if (torch_device(st, t, &device) < 0)
+        return NULL;
+    return wrap_tensor(st, t, dtype, device);
+}

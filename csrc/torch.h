@@ -1,0 +1,25 @@
+/*
+ * torch.h — torch tensors read directly, without DLPack, and torch's
+ * current stream (csrc/torch.c).  Nothing here imports torch: until the
+ * user has, no object is a torch tensor.
+ */
+#ifndef GPUACCEL_TORCH_H
+#define GPUACCEL_TORCH_H
+
+#include "array.h"
+
+/* 1 when obj is a torch.Tensor (0 while torch has not been imported). */
+int ga_is_torch_tensor(ga_state *st, PyObject *obj);
+/* The gpuaccel dtype of a tensor ga_is_torch_tensor accepted; TypeError
+ * naming the dtype when gpuaccel has none like it. */
+int ga_torch_dtype(ga_state *st, PyObject *tensor, ga_dtype *out);
+/* A zero-copy Array over a CPU or CUDA torch tensor (it keeps the tensor
+ * alive). */
+ArrayObject *ga_from_torch(ga_state *st, PyObject *tensor);
+/* torch's current stream of CUDA device `device` into *out, where torch
+ * queues the work on its tensors (its 0, the legacy default stream, as
+ * GA_STREAM_LEGACY): 1; 0 when torch is not imported or has no CUDA (*out
+ * untouched); -1 with torch's exception when asking failed. */
+int ga_torch_current_stream(ga_state *st, int device, ga_stream *out);
+
+#endif
