@@ -227,7 +227,7 @@ static PyMethodDef module_methods[] = {
      "for a device ('cpu' includes the pinned pool).  device=None: the current CUDA device "
      "when CUDA is usable, else the CPU."},
     {"empty_cache", ga_py_empty_cache, METH_NOARGS,
-     "empty_cache()\n\nReturns cached device and pinned memory that no array uses."},
+     "empty_cache()\n\nReturns cached device, pinned and pageable host memory that no array uses."},
     {"set_memory_limit", KW ga_py_set_memory_limit, METH_VARARGS | METH_KEYWORDS,
      "set_memory_limit(limit, device=None)\n\nCaps what gpuaccel may allocate on a device: "
      "bytes (int), a fraction of the device's memory (float in (0, 1]), or None for no "
