@@ -1,6 +1,6 @@
 /*
- * alloc.c — gpuaccel's allocators: pageable host, a caching pinned pool and
- * the stream-ordered device pool; limits and statistics.
+ * alloc.c — gpuaccel's allocators: caching pools of pageable and pinned
+ * host memory and the stream-ordered device pool; limits and statistics.
  *
  * Safety across streams: a block remembers, for every stream other than its
  * allocation stream that used it, an event recorded after that use.  A
@@ -21,7 +21,10 @@
 #include <unistd.h>
 
 #define GA_HOST_ALIGNMENT 64
-#define GA_PINNED_CLASSES 256
+#define GA_SIZE_CLASSES 256
+/* Pageable blocks this large are cached when freed (smaller ones malloc
+ * recycles well by itself); idle cached bytes stay under host_cache_limit. */
+#define GA_HOST_CACHE_MIN_BYTES ((size_t)64 << 10)
 
 typedef struct {
     uint64_t allocated; /* bytes in live blocks */
@@ -45,8 +48,16 @@ static ga_counters host_counters; /* pageable; the CPU limit covers host + pinne
 static ga_counters pinned_counters;
 static ga_counters device_counters[GA_MAX_DEVICES];
 static int device_pool_used[GA_MAX_DEVICES];
-static pinned_entry *pinned_free[GA_PINNED_CLASSES];
+static pinned_entry *pinned_free[GA_SIZE_CLASSES];
 static uint64_t pinned_cached_bytes;
+
+/* A cached pageable block keeps its free-list link in its own first bytes:
+ * caching never allocates, so it cannot fail. */
+typedef struct host_entry {
+    struct host_entry *next;
+} host_entry;
+static host_entry *host_free[GA_SIZE_CLASSES];
+static uint64_t host_cached_bytes;
 
 /* Events are reused: creating one costs a driver call. */
 typedef struct {
@@ -212,7 +223,7 @@ static ga_status limit_status(ga_counters *c, const char *where, uint64_t in_use
 
 /* --------------------------------------------------------------- pinned */
 
-static int pinned_class(size_t size, size_t *capacity)
+static int size_class(size_t size, size_t *capacity)
 {
     if (size <= 512) {
         *capacity = 512;
@@ -261,7 +272,7 @@ static void *pinned_take_cached(int cls)
 static uint64_t pinned_release_ready(void)
 {
     uint64_t released = 0;
-    for (int cls = 0; cls < GA_PINNED_CLASSES; cls++) {
+    for (int cls = 0; cls < GA_SIZE_CLASSES; cls++) {
         pinned_entry **link = &pinned_free[cls];
         while (*link) {
             pinned_entry *e = *link;
@@ -279,32 +290,130 @@ static uint64_t pinned_release_ready(void)
     return released;
 }
 
+/* ------------------------------------------------------------- pageable */
+
+/* Why pageable memory is cached at all: glibc gives large blocks back to
+ * the kernel when they are freed (munmap, or trimming the top of the heap),
+ * and the next allocation of that size faults every page in again, zeroed
+ * by the kernel.  For a loader's batches that is a fault per 4 KiB of every
+ * batch: more system time than the batch's whole computation.  A cached
+ * block keeps its pages.  Like the pinned pool, blocks are cached in size
+ * classes; unlike it, no copy can still be reading a freed pageable block
+ * (CUDA copies from pageable memory finish reading it before they return),
+ * so a cached block is ready at once. */
+
+static uint64_t host_total_memory(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
+}
+
+/* Idle bytes the cache may hold: $GPUACCEL_HOST_CACHE_BYTES (0: no cache),
+ * else 1/16 of the machine's memory, at least 256 MiB (a few batches of any
+ * loader) and at most 2 GiB.  Blocks freed beyond it go back to the system.
+ * Called with alloc_lock held. */
+static uint64_t host_cache_limit(void)
+{
+    static int known;
+    static uint64_t limit;
+    if (!known) {
+        const char *env = getenv("GPUACCEL_HOST_CACHE_BYTES");
+        char *end = NULL;
+        unsigned long long bytes = env && *env ? strtoull(env, &end, 10) : 0;
+        if (env && *env >= '0' && *env <= '9' && end && *end == '\0') {
+            limit = bytes;
+        } else {
+            uint64_t sixteenth = host_total_memory() / 16;
+            uint64_t low = (uint64_t)256 << 20, high = (uint64_t)2 << 30;
+            limit = sixteenth < low ? low : sixteenth > high ? high : sixteenth;
+        }
+        known = 1;
+    }
+    return limit;
+}
+
+/* 1 when it got the memory. */
+static int host_memalign(size_t size, void **out)
+{
+    void *ptr = NULL;
+    if (posix_memalign(&ptr, GA_HOST_ALIGNMENT, size) != 0)
+        return 0;
+    *out = ptr;
+    return 1;
+}
+
+static void *host_take_cached(int cls, size_t capacity)
+{
+    host_entry *e = host_free[cls];
+    if (!e)
+        return NULL;
+    host_free[cls] = e->next;
+    host_cached_bytes -= capacity;
+    return e;
+}
+
+/* Caches a freed pageable block of `size` bytes (its class's capacity
+ * reserved), or frees it when it is small or the cache is full. */
+static void host_put(void *ptr, size_t size, size_t capacity)
+{
+    if (!ptr)
+        return;
+    if (size < GA_HOST_CACHE_MIN_BYTES || host_cached_bytes + capacity > host_cache_limit()) {
+        free(ptr);
+        return;
+    }
+    size_t class_capacity;
+    int cls = size_class(size, &class_capacity);
+    host_entry *e = ptr;
+    e->next = host_free[cls];
+    host_free[cls] = e;
+    host_cached_bytes += capacity;
+}
+
+/* Frees every cached pageable block; returns the bytes freed. */
+static uint64_t host_release_cached(void)
+{
+    uint64_t released = host_cached_bytes;
+    for (int cls = 0; cls < GA_SIZE_CLASSES; cls++) {
+        while (host_free[cls]) {
+            host_entry *e = host_free[cls];
+            host_free[cls] = e->next;
+            free(e);
+        }
+    }
+    host_cached_bytes = 0;
+    return released;
+}
+
 /* ---------------------------------------------------------------- alloc */
 
 static ga_status alloc_host(ga_block *b, size_t size)
 {
     ga_counters *c = &host_counters;
+    size_t capacity = size;
+    int cls = size >= GA_HOST_CACHE_MIN_BYTES ? size_class(size, &capacity) : -1;
     uint64_t in_use = host_counters.allocated + pinned_counters.allocated;
-    if (c->limit && in_use + size > c->limit)
-        return limit_status(c, "cpu", in_use, size, GA_ERR_HOST_OUT_OF_MEMORY);
-    void *ptr = NULL;
-    if (size > 0 && posix_memalign(&ptr, GA_HOST_ALIGNMENT, size) != 0) {
+    if (c->limit && in_use + capacity > c->limit)
+        return limit_status(c, "cpu", in_use, capacity, GA_ERR_HOST_OUT_OF_MEMORY);
+    void *ptr = cls >= 0 ? host_take_cached(cls, capacity) : NULL;
+    if (!ptr && size > 0 && !host_memalign(capacity, &ptr) &&
+        !(host_release_cached() > 0 && host_memalign(capacity, &ptr))) {
         char want[32], text[256];
         snprintf(text, sizeof text, "could not allocate %s of host memory",
-                 ga_format_bytes(size, want, sizeof want));
+                 ga_format_bytes(capacity, want, sizeof want));
         c->num_ooms++;
         return oom_status(GA_ERR_HOST_OUT_OF_MEMORY, text);
     }
     b->ptr = ptr;
-    b->capacity = size;
-    count_alloc(c, size);
+    b->capacity = capacity;
+    count_alloc(c, capacity);
     return ga_ok();
 }
 
 static ga_status alloc_pinned(ga_block *b, size_t size)
 {
     size_t capacity = 0;
-    int cls = size ? pinned_class(size, &capacity) : 0;
+    int cls = size ? size_class(size, &capacity) : 0;
     uint64_t in_use = host_counters.allocated + pinned_counters.allocated;
     if (host_counters.limit && in_use + capacity > host_counters.limit)
         return limit_status(&host_counters, "cpu (pinned)", in_use, capacity,
@@ -403,18 +512,22 @@ ga_status ga_block_alloc_status(ga_mem_kind kind, int device, size_t size, ga_st
 {
     ga_block *b;
     *out = NULL;
-    GA_TRY_STATUS(new_block(kind, device, size, &b));
+    /* The record is made and stored in *out under the lock, which fork()
+     * takes (see the fork handlers): a child never inherits a block that
+     * only a thread of its parent, absent from the child, knew about. */
     alloc_lock_acquire();
-    ga_status status = kind == GA_MEM_HOST     ? alloc_host(b, size)
-                       : kind == GA_MEM_PINNED ? alloc_pinned(b, size)
-                                               : alloc_device(b, device, size, stream);
-    pthread_mutex_unlock(&alloc_lock);
-    if (status.error) {
-        free(b);
-        return status;
+    ga_status status = new_block(kind, device, size, &b);
+    if (!status.error) {
+        status = kind == GA_MEM_HOST     ? alloc_host(b, size)
+                 : kind == GA_MEM_PINNED ? alloc_pinned(b, size)
+                                         : alloc_device(b, device, size, stream);
+        if (status.error)
+            free(b);
+        else
+            *out = b;
     }
-    *out = b;
-    return ga_ok();
+    pthread_mutex_unlock(&alloc_lock);
+    return status;
 }
 
 ga_status ga_block_borrow(int device, void *ptr, size_t size, ga_stream stream, ga_block **out)
@@ -583,21 +696,21 @@ static void report_unraisable(ga_status status)
     }
 }
 
-void ga_block_free(ga_block *b)
+ga_status ga_block_free_status(ga_block *b)
 {
     if (!b)
-        return;
+        return ga_ok();
     ga_status status = ga_ok();
     alloc_lock_acquire();
     switch (b->kind) {
     case GA_MEM_HOST:
-        free(b->ptr);
+        host_put(b->ptr, b->size, b->capacity);
         count_free(&host_counters, b->capacity);
         break;
     case GA_MEM_PINNED:
         if (b->ptr) {
             size_t capacity;
-            int cls = pinned_class(b->size, &capacity);
+            int cls = size_class(b->size, &capacity);
             pinned_entry *e = malloc(sizeof *e);
             if (!e) {
                 /* cannot cache it: wait for its copies, then give it back */
@@ -641,6 +754,12 @@ void ga_block_free(ga_block *b)
         event_put(b->use_devices[k], b->use_events[k]);
     pthread_mutex_unlock(&alloc_lock);
     free(b);
+    return status;
+}
+
+void ga_block_free(ga_block *b)
+{
+    ga_status status = ga_block_free_status(b);
     if (status.error)
         report_unraisable(status);
 }
@@ -689,17 +808,22 @@ PyObject *ga_py_memory_stats(PyObject *module, PyObject *args, PyObject *kwargs)
     PyObject *result;
     if (device.type == GA_DEVICE_CPU) {
         ga_counters h = host_counters, p = pinned_counters;
-        uint64_t cached = pinned_cached_bytes;
+        uint64_t cached = pinned_cached_bytes, pageable_cached = host_cached_bytes;
+        uint64_t cache_limit = host_cache_limit();
         pthread_mutex_unlock(&alloc_lock);
         result = Py_BuildValue(
-            "{s:s,s:K,s:K,s:K,s:N,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "device", "cpu", "allocated_bytes",
-            (unsigned long long)(h.allocated + p.allocated), "peak_allocated_bytes",
-            (unsigned long long)(h.peak > p.peak ? h.peak : p.peak), "reserved_bytes",
-            (unsigned long long)(h.allocated + p.allocated + cached), "limit_bytes",
-            limit_or_none(h.limit), "num_allocs", (unsigned long long)(h.num_allocs + p.num_allocs),
-            "num_frees", (unsigned long long)(h.num_frees + p.num_frees), "num_ooms",
+            "{s:s,s:K,s:K,s:K,s:N,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K,s:K}", "device", "cpu",
+            "allocated_bytes", (unsigned long long)(h.allocated + p.allocated),
+            "peak_allocated_bytes", (unsigned long long)(h.peak > p.peak ? h.peak : p.peak),
+            "reserved_bytes",
+            (unsigned long long)(h.allocated + p.allocated + cached + pageable_cached),
+            "limit_bytes", limit_or_none(h.limit), "num_allocs",
+            (unsigned long long)(h.num_allocs + p.num_allocs), "num_frees",
+            (unsigned long long)(h.num_frees + p.num_frees), "num_ooms",
             (unsigned long long)(h.num_ooms + p.num_ooms), "pageable_allocated_bytes",
-            (unsigned long long)h.allocated, "pinned_allocated_bytes",
+            (unsigned long long)h.allocated, "pageable_cached_bytes",
+            (unsigned long long)pageable_cached, "pageable_cache_limit_bytes",
+            (unsigned long long)cache_limit, "pinned_allocated_bytes",
             (unsigned long long)p.allocated, "pinned_cached_bytes", (unsigned long long)cached,
             "pinned_peak_bytes", (unsigned long long)p.peak);
         return result;
@@ -730,6 +854,7 @@ PyObject *ga_py_empty_cache(PyObject *module, PyObject *unused)
     (void)module, (void)unused;
     alloc_lock_acquire();
     pinned_release_ready();
+    host_release_cached();
     int used[GA_MAX_DEVICES];
     memcpy(used, device_pool_used, sizeof used);
     pthread_mutex_unlock(&alloc_lock);
@@ -737,12 +862,6 @@ PyObject *ga_py_empty_cache(PyObject *module, PyObject *unused)
         if (used[d])
             ga_cuda_pool_trim(d);
     Py_RETURN_NONE;
-}
-
-static uint64_t host_total_memory(void)
-{
-    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    return pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
 }
 
 PyObject *ga_py_set_memory_limit(PyObject *module, PyObject *args, PyObject *kwargs)

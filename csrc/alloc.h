@@ -1,7 +1,10 @@
 /*
  * alloc.h — one allocator per memory kind.
  *
- *   host   (pageable): posix_memalign, counted against the CPU limit;
+ *   host   (pageable): posix_memalign, counted against the CPU limit; blocks
+ *          of 64 KiB and more are cached in size classes when freed (a
+ *          bounded cache: they keep their pages, so reusing them costs no
+ *          page faults);
  *   pinned (page-locked host): a caching pool of cudaHostAlloc blocks in size
  *          classes; a freed block is handed out again only after the events
  *          of the copies that used it have completed;
@@ -101,6 +104,10 @@ uint64_t ga_thread_token(void);
 /* Releases the block; never raises (a CUDA error is reported as
  * unraisable).  Needs the GIL. */
 void ga_block_free(ga_block *block);
+
+/* The same without Python (for threads that do not hold the GIL): returns
+ * the status of a failed CUDA call instead of reporting it. */
+ga_status ga_block_free_status(ga_block *block);
 
 /* Module-level functions. */
 PyObject *ga_py_memory_stats(PyObject *module, PyObject *args, PyObject *kwargs);

@@ -40,6 +40,7 @@ typedef struct {
     int dlpack_versioned;
     PyObject *base;
     PyObject *weakreflist;
+    int64_t *dl_strides; /* element strides for DLTensor views (the exchange API), made on demand */
 } ArrayObject;
 
 static inline int ga_is_array(ga_state *st, PyObject *obj)

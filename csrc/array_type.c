@@ -41,6 +41,7 @@ static void Array_dealloc(ArrayObject *self)
         ga_block_free(self->block);
     if (self->dlpack)
         ga_dlpack_release(self->dlpack, self->dlpack_versioned);
+    free(self->dl_strides);
     Array_clear(self);
     type->tp_free((PyObject *)self);
     Py_DECREF(type);

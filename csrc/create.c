@@ -5,6 +5,7 @@
 
 #include "create.h"
 #include "dlpack.h"
+#include "torch.h"
 #include "transfer.h"
 
 /* Arguments shared by empty/zeros/ones/full. */
@@ -195,6 +196,37 @@ static ArrayObject *from_numpy_convertible(ga_state *st, PyObject *obj, int *swa
     return result;
 }
 
+/* The memory of a DLPack producer as an Array.  A torch tensor with the
+ * neg bit set is read through a resolved copy (torch's own export would
+ * hand out the memory, whose values are the negated ones): *fresh is then
+ * set. */
+static ArrayObject *import_dlpack(ga_state *st, PyObject *obj, int *fresh)
+{
+    if (!ga_is_torch_tensor(st, obj))
+        return ga_from_dlpack_object(st, obj);
+    /* torch's own rule for DLPack exports, which its C exchange table
+     * leaves to the consumer: memory reached around autograd would change
+     * values autograd has saved */
+    int requires_grad = ga_torch_requires_grad(st, obj);
+    if (requires_grad < 0)
+        return NULL;
+    if (requires_grad) {
+        PyErr_SetString(
+            PyExc_BufferError,
+            "a torch tensor that requires grad cannot be exported; use tensor.detach()");
+        return NULL;
+    }
+    int copied;
+    PyObject *resolved = ga_torch_resolved(st, obj, &copied);
+    if (!resolved)
+        return NULL;
+    ArrayObject *arr = ga_from_dlpack_via(st, resolved, ga_torch_exchange_api(st, resolved));
+    Py_DECREF(resolved);
+    if (copied)
+        *fresh = 1;
+    return arr;
+}
+
 ArrayObject *ga_asarray(ga_state *st, PyObject *obj, const ga_dtype *dtype, const ga_device *device,
                         int copy, PyObject *stream_obj)
 {
@@ -214,10 +246,16 @@ ArrayObject *ga_asarray(ga_state *st, PyObject *obj, const ga_dtype *dtype, cons
     if (ga_is_array(st, obj)) {
         arr = (ArrayObject *)Py_NewRef(obj);
     } else if (PyCapsule_CheckExact(obj) || has_dlpack) {
-        arr = ga_from_dlpack_object(st, obj);
+        arr = import_dlpack(st, obj, &fresh);
         if (!arr && PyErr_ExceptionMatches(PyExc_BufferError) && PyObject_CheckBuffer(obj)) {
             PyErr_Clear(); /* e.g. a big-endian or read-only NumPy array */
             arr = from_numpy_convertible(st, obj, &swapped);
+        } else if (arr && fresh && copy == 0) {
+            PyErr_SetString(PyExc_ValueError,
+                            "asarray: copy=False, but this torch tensor is a lazily negated view "
+                            "(its neg bit is set), whose values exist only in a copy");
+            Py_DECREF(arr);
+            return NULL;
         }
     } else if (cai) {
         arr = ga_from_cuda_array_interface(st, obj, cai);
@@ -268,4 +306,46 @@ PyObject *ga_py_asarray(PyObject *module, PyObject *const *args, Py_ssize_t narg
         return NULL;
     return (PyObject *)ga_asarray(st, obj, has_dtype ? &dtype : NULL, has_device ? &device : NULL,
                                   copy, stream_obj);
+}
+
+PyObject *ga_py_from_dlpack(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                            PyObject *kwnames)
+{
+    static const char *const names[] = {"x", "device", "copy", NULL};
+    PyObject *v[3];
+    if (ga_parse_args("from_dlpack", args, nargs, kwnames, names, 1, 1, v) < 0)
+        return NULL;
+    PyObject *x = v[0], *device_obj = v[1], *copy_obj = v[2];
+    ga_state *st = ga_state_from_module(module);
+    int has_dlpack =
+        PyCapsule_CheckExact(x) || ga_is_torch_tensor(st, x) ? 1 : ga_has_attr(x, st->str_dlpack);
+    if (has_dlpack < 0)
+        return NULL;
+    if (!has_dlpack) {
+        PyErr_Format(PyExc_TypeError,
+                     "from_dlpack: x must have a __dlpack__ method or be a DLPack capsule, got "
+                     "%.200s",
+                     ga_type_name(x));
+        return NULL;
+    }
+    ga_device device;
+    int copy;
+    int has_device = device_obj && device_obj != Py_None;
+    if (has_device && ga_device_from_object(st, device_obj, &device, "device") < 0)
+        return NULL;
+    if (ga_copy_flag_from_object(copy_obj, &copy) < 0)
+        return NULL;
+    int fresh = 0;
+    ArrayObject *arr = import_dlpack(st, x, &fresh);
+    if (!arr)
+        return NULL;
+    if (fresh && copy == 0) {
+        PyErr_SetString(PyExc_BufferError,
+                        "from_dlpack: copy=False, but this torch tensor is a lazily negated view "
+                        "(its neg bit is set), whose values exist only in a copy");
+        Py_DECREF(arr);
+        return NULL;
+    }
+    return (PyObject *)ga_array_convert(st, arr, fresh, NULL, has_device ? &device : NULL, copy,
+                                        NULL);
 }

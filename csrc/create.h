@@ -17,5 +17,7 @@ PyObject *ga_py_ones(PyObject *module, PyObject *args, PyObject *kwargs);
 PyObject *ga_py_full(PyObject *module, PyObject *args, PyObject *kwargs);
 PyObject *ga_py_asarray(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
                         PyObject *kwnames);
+PyObject *ga_py_from_dlpack(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                            PyObject *kwnames);
 
 #endif

@@ -250,6 +250,76 @@ static int parse_dl_device(ga_state *st, PyObject *obj, const ArrayObject *self,
     return -1;
 }
 
+/* The context of an export of x: shape and element strides, the device;
+ * NULL with BufferError naming `who` when DLPack cannot describe x.  A
+ * writable export of pinned memory first waits for async copies still
+ * reading it. */
+static export_ctx *export_begin(ga_state *st, ArrayObject *x, const char *who)
+{
+    int ndim = x->ndim;
+    size_t itemsize = ga_dtype_itemsize(x->dtype);
+    if (!(x->flags & GA_ARRAY_READONLY) && ga_array_before_host_write(st, x) < 0)
+        return NULL;
+    for (int d = 0; d < ndim; d++) {
+        if (x->strides[d] % (int64_t)itemsize) {
+            PyErr_Format(PyExc_BufferError,
+                         "%s: stride %lld bytes of dimension %d is not a multiple of the itemsize "
+                         "%zu, which DLPack cannot express",
+                         who, (long long)x->strides[d], d, itemsize);
+            return NULL;
+        }
+    }
+    export_ctx *ctx = calloc(1, sizeof *ctx + 2 * (size_t)(ndim > 0 ? ndim : 1) * sizeof(int64_t));
+    if (!ctx) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    for (int d = 0; d < ndim; d++) {
+        ctx->dims[d] = x->shape[d];
+        ctx->dims[ndim + d] = x->strides[d] / (int64_t)itemsize;
+    }
+    ctx->device = x->device.type == GA_DEVICE_CUDA ? x->device.index : -1;
+    ctx->block = x->block;
+    return ctx;
+}
+
+/* Fills the DLTensor (and the versioned header) of an export; ctx takes
+ * over the reference to x. */
+static void fill_dltensor(DLTensor *t, const ArrayObject *x, int64_t *shape, int64_t *strides)
+{
+    t->data = x->data;
+    /* pinned host memory is reported as CPU: consumers (torch) refuse kDLCUDAHost */
+    t->device.device_type = x->device.type == GA_DEVICE_CUDA ? kDLCUDA : kDLCPU;
+    t->device.device_id = x->device.type == GA_DEVICE_CUDA ? x->device.index : 0;
+    t->ndim = x->ndim;
+    t->dtype = dl_dtype(x->dtype);
+    t->shape = x->ndim ? shape : NULL;
+    t->strides = x->ndim ? strides : NULL;
+    t->byte_offset = 0;
+}
+
+static void export_finish(export_ctx *ctx, ArrayObject *x, int versioned, int copied)
+{
+    int readonly = (x->flags & GA_ARRAY_READONLY) != 0;
+    int64_t *shape = ctx->dims, *strides = ctx->dims + x->ndim;
+    if (versioned) {
+        DLManagedTensorVersioned *m = &ctx->managed.versioned;
+        fill_dltensor(&m->dl_tensor, x, shape, strides);
+        m->version.major = DLPACK_MAJOR_VERSION;
+        m->version.minor = DLPACK_MINOR_VERSION;
+        m->manager_ctx = ctx;
+        m->deleter = delete_versioned;
+        m->flags = (readonly ? DLPACK_FLAG_BITMASK_READ_ONLY : 0) |
+                   (copied ? DLPACK_FLAG_BITMASK_IS_COPIED : 0);
+    } else {
+        DLManagedTensor *m = &ctx->managed.legacy;
+        fill_dltensor(&m->dl_tensor, x, shape, strides);
+        m->manager_ctx = ctx;
+        m->deleter = delete_legacy;
+    }
+    ctx->array = (PyObject *)x;
+}
+
 PyObject *ga_array_dlpack(ArrayObject *self, PyObject *const *args, Py_ssize_t nargs,
                           PyObject *kwnames)
 {
@@ -287,8 +357,6 @@ PyObject *ga_array_dlpack(ArrayObject *self, PyObject *const *args, Py_ssize_t n
     }
 
     int readonly = (x->flags & GA_ARRAY_READONLY) != 0;
-    int ndim = x->ndim;
-    size_t itemsize = ga_dtype_itemsize(x->dtype);
     export_ctx *ctx = NULL;
     PyObject *capsule = NULL;
     if (readonly && !versioned) {
@@ -297,31 +365,8 @@ PyObject *ga_array_dlpack(ArrayObject *self, PyObject *const *args, Py_ssize_t n
                         "DLPack tensor (the consumer must pass max_version >= (1, 0))");
         goto error;
     }
-    if (!readonly && ga_array_before_host_write(st, x) < 0)
-        goto error; /* a writable pinned export: async copies may still read it */
-    for (int d = 0; d < ndim; d++) {
-        if (x->strides[d] % (int64_t)itemsize) {
-            PyErr_Format(PyExc_BufferError,
-                         "__dlpack__: stride %lld bytes of dimension %d is not a multiple of "
-                         "the itemsize %zu, which DLPack cannot express",
-                         (long long)x->strides[d], d, itemsize);
-            goto error;
-        }
-    }
-
-    ctx = calloc(1, sizeof *ctx + 2 * (size_t)(ndim > 0 ? ndim : 1) * sizeof(int64_t));
-    if (!ctx) {
-        PyErr_NoMemory();
+    if (!(ctx = export_begin(st, x, "__dlpack__")))
         goto error;
-    }
-    int64_t *shape = ctx->dims, *strides = ctx->dims + ndim;
-    for (int d = 0; d < ndim; d++) {
-        shape[d] = x->shape[d];
-        strides[d] = x->strides[d] / (int64_t)itemsize;
-    }
-    ctx->device = x->device.type == GA_DEVICE_CUDA ? x->device.index : -1;
-    ctx->block = x->block;
-
     if (x->device.type == GA_DEVICE_CUDA) {
         ga_stream consumer;
         int no_sync;
@@ -344,34 +389,13 @@ PyObject *ga_array_dlpack(ArrayObject *self, PyObject *const *args, Py_ssize_t n
                      stream_obj);
         goto error;
     }
-
-    DLTensor *t = versioned ? &ctx->managed.versioned.dl_tensor : &ctx->managed.legacy.dl_tensor;
-    t->data = x->data;
-    /* pinned host memory is reported as CPU: consumers (torch) refuse kDLCUDAHost */
-    t->device.device_type = x->device.type == GA_DEVICE_CUDA ? kDLCUDA : kDLCPU;
-    t->device.device_id = x->device.type == GA_DEVICE_CUDA ? x->device.index : 0;
-    t->ndim = ndim;
-    t->dtype = dl_dtype(x->dtype);
-    t->shape = ndim ? shape : NULL;
-    t->strides = ndim ? strides : NULL;
-    t->byte_offset = 0;
-    ctx->array = (PyObject *)x; /* the reference taken above now belongs to ctx */
-    x = NULL;
-    if (versioned) {
-        DLManagedTensorVersioned *m = &ctx->managed.versioned;
-        m->version.major = DLPACK_MAJOR_VERSION;
-        m->version.minor = DLPACK_MINOR_VERSION;
-        m->manager_ctx = ctx;
-        m->deleter = delete_versioned;
-        m->flags = (readonly ? DLPACK_FLAG_BITMASK_READ_ONLY : 0) |
-                   (copied ? DLPACK_FLAG_BITMASK_IS_COPIED : 0);
-        capsule = PyCapsule_New(m, CAPSULE_VERSIONED, capsule_destructor_versioned);
-    } else {
-        DLManagedTensor *m = &ctx->managed.legacy;
-        m->manager_ctx = ctx;
-        m->deleter = delete_legacy;
-        capsule = PyCapsule_New(m, CAPSULE_LEGACY, capsule_destructor_legacy);
-    }
+    export_finish(ctx, x, versioned, copied);
+    x = NULL; /* the reference taken above now belongs to ctx */
+    if (versioned)
+        capsule =
+            PyCapsule_New(&ctx->managed.versioned, CAPSULE_VERSIONED, capsule_destructor_versioned);
+    else
+        capsule = PyCapsule_New(&ctx->managed.legacy, CAPSULE_LEGACY, capsule_destructor_legacy);
     if (!capsule) {
         Py_DECREF(ctx->array);
         free(ctx);
@@ -396,6 +420,10 @@ PyObject *ga_array_dlpack_device(ArrayObject *self, PyObject *unused)
 
 void ga_dlpack_release(void *managed, int versioned)
 {
+    /* a deleter may run Python (ctypes, Python producers): not with an
+     * exception pending, which is kept for the caller */
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
     if (versioned) {
         DLManagedTensorVersioned *m = managed;
         if (m->deleter)
@@ -405,6 +433,126 @@ void ga_dlpack_release(void *managed, int versioned)
         if (m->deleter)
             m->deleter(m);
     }
+    PyErr_Restore(type, value, tb);
+}
+
+/* What an imported DLTensor is, checked: its dtype, device, flags, first
+ * element and byte strides (NULL: C-contiguous). */
+typedef struct {
+    ga_dtype dtype;
+    ga_device device;
+    int array_flags;
+    char *data;
+    int64_t strides[GA_MAX_NDIM];
+    const int64_t *byte_strides;
+} dl_import;
+
+/* Checks a DLTensor gpuaccel is given (from a capsule, a managed tensor or
+ * a view); BufferError naming `who` when it cannot be an Array. */
+static int dl_describe(ga_state *st, const DLTensor *t, uint64_t flags, const char *who,
+                       dl_import *out)
+{
+    if (t->ndim < 0 || t->ndim > GA_MAX_NDIM) {
+        PyErr_Format(PyExc_BufferError, "%s: ndim %d is outside 0..%d", who, (int)t->ndim,
+                     GA_MAX_NDIM);
+        return -1;
+    }
+    if (t->ndim > 0 && !t->shape) {
+        PyErr_Format(PyExc_BufferError, "%s: the tensor has no shape", who);
+        return -1;
+    }
+    if (ga_dtype_from_dl(t->dtype, &out->dtype) < 0) {
+        PyErr_Format(PyExc_BufferError,
+                     "%s: DLPack dtype (code %u, bits %u, lanes %u) is not supported; "
+                     "gpuaccel supports bool, uint8, int8-int64, float16, bfloat16, float32 and "
+                     "float64",
+                     who, t->dtype.code, t->dtype.bits, t->dtype.lanes);
+        return -1;
+    }
+    if (flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED) {
+        PyErr_Format(PyExc_BufferError, "%s: padded sub-byte types are not supported", who);
+        return -1;
+    }
+    out->array_flags = (flags & DLPACK_FLAG_BITMASK_READ_ONLY) ? GA_ARRAY_READONLY : 0;
+    switch (t->device.device_type) {
+    case kDLCPU:
+        out->device.type = GA_DEVICE_CPU;
+        out->device.index = 0;
+        break;
+    case kDLCUDAHost:
+        out->device.type = GA_DEVICE_CPU;
+        out->device.index = 0;
+        out->array_flags |= GA_ARRAY_PINNED;
+        break;
+    case kDLCUDA:
+    case kDLCUDAManaged:
+        out->device.type = GA_DEVICE_CUDA;
+        out->device.index = t->device.device_id;
+        if (ga_ensure_cuda_device(st, out->device.index) < 0)
+            return -1;
+        break;
+    default:
+        PyErr_Format(PyExc_BufferError,
+                     "%s: DLPack device type %d is not supported; gpuaccel takes CPU "
+                     "(1), CUDA (2), CUDA host (3) and CUDA managed (13) memory",
+                     who, (int)t->device.device_type);
+        return -1;
+    }
+    int64_t numel;
+    if (ga_check_shape(out->dtype, t->ndim, t->shape, &numel) < 0) {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyErr_Format(PyExc_BufferError, "%s: invalid shape: %S", who, value);
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        return -1;
+    }
+    if (!t->data && numel > 0) {
+        PyErr_Format(PyExc_BufferError, "%s: NULL data pointer for a non-empty tensor", who);
+        return -1;
+    }
+    int64_t itemsize = (int64_t)ga_dtype_itemsize(out->dtype);
+    out->byte_strides = NULL;
+    if (t->strides) {
+        for (int d = 0; d < t->ndim; d++) {
+            if (t->strides[d] > INT64_MAX / itemsize || t->strides[d] < INT64_MIN / itemsize) {
+                PyErr_Format(PyExc_BufferError, "%s: stride %lld overflows", who,
+                             (long long)t->strides[d]);
+                return -1;
+            }
+            out->strides[d] = t->strides[d] * itemsize;
+        }
+        out->byte_strides = out->strides;
+    }
+    out->data = t->data ? (char *)t->data + t->byte_offset : NULL;
+    return 0;
+}
+
+/* An Array owning a managed tensor (it calls the deleter when the last view
+ * of the memory goes); on failure the tensor is left to the caller. */
+static ArrayObject *import_managed(ga_state *st, void *managed, int versioned, const char *who)
+{
+    DLTensor *t;
+    uint64_t flags = 0;
+    if (versioned) {
+        DLManagedTensorVersioned *m = managed;
+        if (m->version.major > DLPACK_MAJOR_VERSION) {
+            PyErr_Format(PyExc_BufferError,
+                         "%s: DLPack version %u.%u is newer than the %d.x gpuaccel supports", who,
+                         m->version.major, m->version.minor, DLPACK_MAJOR_VERSION);
+            return NULL;
+        }
+        t = &m->dl_tensor;
+        flags = m->flags;
+    } else {
+        t = &((DLManagedTensor *)managed)->dl_tensor;
+    }
+    dl_import d;
+    if (dl_describe(st, t, flags, who, &d) < 0)
+        return NULL;
+    return ga_array_from_dlpack_tensor(st, managed, versioned, d.data, d.dtype, t->ndim, t->shape,
+                                       d.byte_strides, d.device, d.array_flags);
 }
 
 static ArrayObject *import_capsule(ga_state *st, PyObject *capsule)
@@ -432,104 +580,8 @@ static ArrayObject *import_capsule(ga_state *st, PyObject *capsule)
     }
     if (!managed)
         return NULL;
-    DLTensor *t;
-    uint64_t flags = 0;
-    if (versioned) {
-        DLManagedTensorVersioned *m = managed;
-        if (m->version.major > DLPACK_MAJOR_VERSION) {
-            PyErr_Format(PyExc_BufferError,
-                         "from_dlpack: DLPack version %u.%u is newer than the %d.x gpuaccel "
-                         "supports",
-                         m->version.major, m->version.minor, DLPACK_MAJOR_VERSION);
-            return NULL;
-        }
-        t = &m->dl_tensor;
-        flags = m->flags;
-    } else {
-        t = &((DLManagedTensor *)managed)->dl_tensor;
-    }
-
-    if (t->ndim < 0 || t->ndim > GA_MAX_NDIM) {
-        PyErr_Format(PyExc_BufferError, "from_dlpack: ndim %d is outside 0..%d", (int)t->ndim,
-                     GA_MAX_NDIM);
-        return NULL;
-    }
-    if (t->ndim > 0 && !t->shape) {
-        PyErr_SetString(PyExc_BufferError, "from_dlpack: the tensor has no shape");
-        return NULL;
-    }
-    ga_dtype dtype;
-    if (ga_dtype_from_dl(t->dtype, &dtype) < 0) {
-        PyErr_Format(PyExc_BufferError,
-                     "from_dlpack: DLPack dtype (code %u, bits %u, lanes %u) is not supported; "
-                     "gpuaccel supports bool, uint8, int8-int64, float16, bfloat16, float32 and "
-                     "float64",
-                     t->dtype.code, t->dtype.bits, t->dtype.lanes);
-        return NULL;
-    }
-    if (flags & DLPACK_FLAG_BITMASK_IS_SUBBYTE_TYPE_PADDED) {
-        PyErr_SetString(PyExc_BufferError, "from_dlpack: padded sub-byte types are not supported");
-        return NULL;
-    }
-    ga_device device;
-    int array_flags = (flags & DLPACK_FLAG_BITMASK_READ_ONLY) ? GA_ARRAY_READONLY : 0;
-    switch (t->device.device_type) {
-    case kDLCPU:
-        device.type = GA_DEVICE_CPU;
-        device.index = 0;
-        break;
-    case kDLCUDAHost:
-        device.type = GA_DEVICE_CPU;
-        device.index = 0;
-        array_flags |= GA_ARRAY_PINNED;
-        break;
-    case kDLCUDA:
-    case kDLCUDAManaged:
-        device.type = GA_DEVICE_CUDA;
-        device.index = t->device.device_id;
-        if (ga_ensure_cuda_device(st, device.index) < 0)
-            return NULL;
-        break;
-    default:
-        PyErr_Format(PyExc_BufferError,
-                     "from_dlpack: DLPack device type %d is not supported; gpuaccel takes CPU "
-                     "(1), CUDA (2), CUDA host (3) and CUDA managed (13) memory",
-                     (int)t->device.device_type);
-        return NULL;
-    }
-    int64_t numel;
-    if (ga_check_shape(dtype, t->ndim, t->shape, &numel) < 0) {
-        PyObject *type, *value, *tb;
-        PyErr_Fetch(&type, &value, &tb);
-        PyErr_Format(PyExc_BufferError, "from_dlpack: invalid shape: %S", value);
-        Py_XDECREF(type);
-        Py_XDECREF(value);
-        Py_XDECREF(tb);
-        return NULL;
-    }
-    if (!t->data && numel > 0) {
-        PyErr_SetString(PyExc_BufferError, "from_dlpack: NULL data pointer for a non-empty tensor");
-        return NULL;
-    }
-    int64_t itemsize = (int64_t)ga_dtype_itemsize(dtype);
-    int64_t strides[GA_MAX_NDIM];
-    int64_t *byte_strides = NULL;
-    if (t->strides) {
-        for (int d = 0; d < t->ndim; d++) {
-            if (t->strides[d] > INT64_MAX / itemsize || t->strides[d] < INT64_MIN / itemsize) {
-                PyErr_Format(PyExc_BufferError, "from_dlpack: stride %lld overflows",
-                             (long long)t->strides[d]);
-                return NULL;
-            }
-            strides[d] = t->strides[d] * itemsize;
-        }
-        byte_strides = strides;
-    }
-    char *data = t->data ? (char *)t->data + t->byte_offset : NULL;
-
     /* Take ownership: the Array calls the deleter; the capsule is marked used. */
-    ArrayObject *arr = ga_array_from_dlpack_tensor(st, managed, versioned, data, dtype, t->ndim,
-                                                   t->shape, byte_strides, device, array_flags);
+    ArrayObject *arr = import_managed(st, managed, versioned, "from_dlpack");
     if (!arr)
         return NULL;
     if (PyCapsule_SetName(capsule, versioned ? CAPSULE_USED_VERSIONED : CAPSULE_USED_LEGACY) < 0) {
@@ -538,6 +590,84 @@ static ArrayObject *import_capsule(ga_state *st, PyObject *capsule)
         return NULL;
     }
     if (ga_array_track_import(st, arr) < 0) {
+        Py_DECREF(arr); /* the Array owns the tensor now: its deleter runs */
+        return NULL;
+    }
+    return arr;
+}
+
+/* ------------------------------------------- the C exchange API: consumer */
+
+const DLPackExchangeAPI *ga_dlpack_exchange_api(ga_state *st, PyTypeObject *type)
+{
+    PyObject *capsule = NULL;
+    if (ga_lookup_attr((PyObject *)type, st->str_dlpack_c_exchange_api, &capsule) <= 0) {
+        PyErr_Clear(); /* a broken table is no table: __dlpack__ is still there */
+        return NULL;
+    }
+    const DLPackExchangeAPI *api = NULL;
+    if (PyCapsule_IsValid(capsule, DLPACK_EXCHANGE_API_CAPSULE))
+        api = PyCapsule_GetPointer(capsule, DLPACK_EXCHANGE_API_CAPSULE);
+    Py_DECREF(capsule);
+    /* the producer keeps the table alive for the life of the process */
+    if (!api || api->header.version.major != DLPACK_MAJOR_VERSION ||
+        !api->managed_tensor_from_py_object_no_sync || !api->current_work_stream) {
+        PyErr_Clear();
+        return NULL;
+    }
+    return api;
+}
+
+ArrayObject *ga_array_from_dltensor_view(ga_state *st, const DLTensor *t, PyObject *owner,
+                                         const char *who)
+{
+    dl_import d;
+    if (dl_describe(st, t, 0, who, &d) < 0)
+        return NULL;
+    return ga_array_wrap(st, d.data, d.dtype, t->ndim, t->shape, d.byte_strides, d.device,
+                         d.array_flags, owner);
+}
+
+/* The producer's work on a CUDA tensor, ordered before gpuaccel's current
+ * stream on the GPU, as __dlpack__(stream=ours) would order it: the
+ * exchange API's functions leave that to the consumer. */
+static int order_after_producer(ga_state *st, const DLPackExchangeAPI *api, const ArrayObject *a)
+{
+    if (a->device.type != GA_DEVICE_CUDA)
+        return 0;
+    void *producer = NULL;
+    ga_stream ours;
+    if (api->current_work_stream(kDLCUDA, a->device.index, &producer) < 0)
+        return -1;
+    if (ga_current_stream(st, a->device.index, &ours) < 0)
+        return -1;
+    /* a NULL work stream is the legacy default stream */
+    ga_stream theirs = producer ? (ga_stream)producer : GA_STREAM_LEGACY;
+    GA_CHECK(st, ga_cuda_stream_wait_stream(a->device.index, ours, a->device.index, theirs));
+    return 0;
+error:
+    return -1;
+}
+
+/* from_dlpack through the exchange API: an owning managed tensor, no
+ * capsule and no Python call. */
+static ArrayObject *import_exchange(ga_state *st, const DLPackExchangeAPI *api, PyObject *obj)
+{
+    DLManagedTensorVersioned *managed = NULL;
+    if (api->managed_tensor_from_py_object_no_sync(obj, &managed) < 0)
+        return NULL;
+    if (!managed) {
+        PyErr_Format(PyExc_BufferError,
+                     "from_dlpack: %.200s's DLPack exchange API returned no tensor",
+                     ga_type_name(obj));
+        return NULL;
+    }
+    ArrayObject *arr = import_managed(st, managed, 1, "from_dlpack");
+    if (!arr) {
+        ga_dlpack_release(managed, 1);
+        return NULL;
+    }
+    if (order_after_producer(st, api, arr) < 0 || ga_array_track_import(st, arr) < 0) {
         Py_DECREF(arr); /* the Array owns the tensor now: its deleter runs */
         return NULL;
     }
@@ -605,6 +735,13 @@ ArrayObject *ga_from_dlpack_object(ga_state *st, PyObject *obj)
 {
     if (PyCapsule_CheckExact(obj))
         return import_capsule(st, obj);
+    return ga_from_dlpack_via(st, obj, ga_dlpack_exchange_api(st, Py_TYPE(obj)));
+}
+
+ArrayObject *ga_from_dlpack_via(ga_state *st, PyObject *obj, const DLPackExchangeAPI *api)
+{
+    if (api)
+        return import_exchange(st, api, obj);
     PyObject *capsule = call_dlpack(st, obj);
     if (!capsule)
         return NULL;
@@ -621,36 +758,243 @@ ArrayObject *ga_from_dlpack_object(ga_state *st, PyObject *obj)
     return arr;
 }
 
-PyObject *ga_py_from_dlpack(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
-                            PyObject *kwnames)
+/* ------------------------------------------- the C exchange API: producer
+ *
+ * Array.__dlpack_c_exchange_api__: the same exports as __dlpack__ for a C
+ * consumer, with no capsule and no Python call.  "No sync" means no
+ * handshake with a consumer stream: the consumer asks current_work_stream
+ * (gpuaccel's current stream) and queues its work there, and gpuaccel makes
+ * that stream wait, on the GPU, for the work it knows on the memory, as it
+ * would for its own op on that stream. */
+
+/* The module whose Array type publishes the table: the functions that get
+ * no Array (allocator, to_py, work stream) need its state. */
+static ga_state *exchange_state;
+
+/* An Array the table was handed, or NULL with TypeError. */
+static ArrayObject *exchange_array(void *py_object, const char *fn)
 {
-    static const char *const names[] = {"x", "device", "copy", NULL};
-    PyObject *v[3];
-    if (ga_parse_args("from_dlpack", args, nargs, kwnames, names, 1, 1, v) < 0)
-        return NULL;
-    PyObject *x = v[0], *device_obj = v[1], *copy_obj = v[2];
-    ga_state *st = ga_state_from_module(module);
-    int has_dlpack = PyCapsule_CheckExact(x) ? 1 : ga_has_attr(x, st->str_dlpack);
-    if (has_dlpack < 0)
-        return NULL;
-    if (!has_dlpack) {
-        PyErr_Format(PyExc_TypeError,
-                     "from_dlpack: x must have a __dlpack__ method or be a DLPack capsule, got "
-                     "%.200s",
-                     ga_type_name(x));
+    PyObject *obj = py_object;
+    if (!exchange_state || !obj || !ga_is_array(exchange_state, obj)) {
+        PyErr_Format(PyExc_TypeError, "gpuaccel %s: expected a gpuaccel.Array, got %.200s", fn,
+                     obj ? ga_type_name(obj) : "NULL");
         return NULL;
     }
-    ga_device device;
-    int copy;
-    int has_device = device_obj && device_obj != Py_None;
-    if (has_device && ga_device_from_object(st, device_obj, &device, "device") < 0)
-        return NULL;
-    if (ga_copy_flag_from_object(copy_obj, &copy) < 0)
-        return NULL;
-    ArrayObject *arr = ga_from_dlpack_object(st, x);
-    if (!arr)
-        return NULL;
-    return (PyObject *)ga_array_convert(st, arr, 0, NULL, has_device ? &device : NULL, copy, NULL);
+    return (ArrayObject *)obj;
+}
+
+/* The consumer's stream is gpuaccel's current one: it waits for the work
+ * known on x's memory; 0 or -1 with an exception. */
+static int exchange_order(ga_state *st, ArrayObject *x, ga_stream *stream)
+{
+    if (x->device.type != GA_DEVICE_CUDA)
+        return 0;
+    if (ga_current_stream(st, x->device.index, stream) < 0)
+        return -1;
+    if (x->block)
+        GA_CHECK(st, ga_block_wait_all(x->block, x->device.index, *stream));
+    return 0;
+error:
+    return -1;
+}
+
+static int exchange_from_py(void *py_object, DLManagedTensorVersioned **out)
+{
+    PyGILState_STATE gil = PyGILState_Ensure();
+    int rc = -1;
+    export_ctx *ctx = NULL;
+    ArrayObject *x = exchange_array(py_object, "managed_tensor_from_py_object_no_sync");
+    ga_stream stream = NULL;
+    if (!x || !(ctx = export_begin(exchange_state, x, "__dlpack_c_exchange_api__")) ||
+        exchange_order(exchange_state, x, &stream) < 0) {
+        free(ctx);
+        goto done;
+    }
+    if (x->device.type == GA_DEVICE_CUDA) {
+        ctx->has_consumer_stream = 1; /* its use is recorded when the consumer lets go */
+        ctx->consumer_stream = stream;
+    }
+    Py_INCREF(x);
+    export_finish(ctx, x, 1, 0);
+    *out = &ctx->managed.versioned;
+    rc = 0;
+done:
+    PyGILState_Release(gil);
+    return rc;
+}
+
+static int exchange_dltensor(void *py_object, DLTensor *out)
+{
+    PyGILState_STATE gil = PyGILState_Ensure();
+    int rc = -1;
+    ArrayObject *x = exchange_array(py_object, "dltensor_from_py_object_no_sync");
+    if (!x)
+        goto done;
+    int ndim = x->ndim;
+    int64_t itemsize = (int64_t)ga_dtype_itemsize(x->dtype);
+    if (!x->dl_strides && ndim > 0) {
+        int64_t *strides = malloc((size_t)ndim * sizeof *strides);
+        if (!strides) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        for (int d = 0; d < ndim; d++) {
+            if (x->strides[d] % itemsize) {
+                PyErr_Format(PyExc_BufferError,
+                             "__dlpack_c_exchange_api__: stride %lld bytes of dimension %d is not "
+                             "a multiple of the itemsize %lld, which DLPack cannot express",
+                             (long long)x->strides[d], d, (long long)itemsize);
+                free(strides);
+                goto done;
+            }
+            strides[d] = x->strides[d] / itemsize;
+        }
+        x->dl_strides = strides; /* an Array's geometry never changes */
+    }
+    ga_stream stream = NULL;
+    if (!(x->flags & GA_ARRAY_READONLY) && ga_array_before_host_write(exchange_state, x) < 0)
+        goto done;
+    if (exchange_order(exchange_state, x, &stream) < 0)
+        goto done;
+    /* the consumer's kernels on that stream use the memory: a free waits */
+    if (x->device.type == GA_DEVICE_CUDA && x->block)
+        GA_CHECK(exchange_state, ga_block_record_use_status(x->block, x->device.index, stream));
+    fill_dltensor(out, x, x->shape, x->dl_strides);
+    rc = 0;
+error:
+done:
+    PyGILState_Release(gil);
+    return rc;
+}
+
+static int exchange_to_py(DLManagedTensorVersioned *tensor, void **out_py_object)
+{
+    PyGILState_STATE gil = PyGILState_Ensure();
+    int rc = -1;
+    ArrayObject *arr = NULL;
+    if (!exchange_state) {
+        PyErr_SetString(PyExc_RuntimeError, "gpuaccel's module is not loaded");
+    } else if (!tensor) {
+        PyErr_SetString(PyExc_ValueError,
+                        "gpuaccel managed_tensor_to_py_object_no_sync: tensor is NULL");
+    } else if ((arr = import_managed(exchange_state, tensor, 1,
+                                     "managed_tensor_to_py_object_no_sync"))) {
+        if (ga_array_track_import(exchange_state, arr) < 0) {
+            Py_CLEAR(arr); /* the Array owned the tensor: its deleter ran */
+        } else {
+            *out_py_object = arr;
+            rc = 0;
+        }
+        tensor = NULL;
+    }
+    if (rc < 0 && tensor)
+        ga_dlpack_release(tensor, 1); /* ownership was handed over, also on failure */
+    PyGILState_Release(gil);
+    return rc;
+}
+
+static int exchange_work_stream(DLDeviceType device_type, int32_t device_id, void **out)
+{
+    *out = NULL;
+    if (device_type == kDLCPU || device_type == kDLCUDAHost)
+        return 0;
+    PyGILState_STATE gil = PyGILState_Ensure();
+    int rc = -1;
+    ga_stream stream;
+    if (device_type != kDLCUDA && device_type != kDLCUDAManaged)
+        PyErr_Format(PyExc_ValueError,
+                     "gpuaccel current_work_stream: device type %d is not CPU or CUDA",
+                     (int)device_type);
+    else if (!exchange_state)
+        PyErr_SetString(PyExc_RuntimeError, "gpuaccel's module is not loaded");
+    else if (ga_ensure_cuda_device(exchange_state, device_id) == 0 &&
+             ga_current_stream(exchange_state, device_id, &stream) == 0) {
+        *out = (void *)stream; /* 1 and 2 are CUDA's own legacy and per-thread handles */
+        rc = 0;
+    }
+    PyGILState_Release(gil);
+    return rc;
+}
+
+/* Hands a pending Python exception to the allocator's caller. */
+static void report_to(void *error_ctx, void (*set_error)(void *, const char *, const char *))
+{
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject *text = value ? PyObject_Str(value) : NULL;
+    const char *message = text ? PyUnicode_AsUTF8(text) : NULL;
+    PyErr_Clear();
+    set_error(error_ctx, type ? ((PyTypeObject *)type)->tp_name : "RuntimeError",
+              message ? message : "gpuaccel: allocation failed");
+    Py_XDECREF(text);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+}
+
+static int exchange_allocator(DLTensor *prototype, DLManagedTensorVersioned **out, void *error_ctx,
+                              void (*set_error)(void *, const char *, const char *))
+{
+    PyGILState_STATE gil = PyGILState_Ensure();
+    int rc = -1;
+    ArrayObject *arr = NULL;
+    dl_import d;
+    if (!exchange_state) {
+        PyErr_SetString(PyExc_RuntimeError, "gpuaccel's module is not loaded");
+    } else if (!prototype) {
+        PyErr_SetString(PyExc_ValueError, "gpuaccel managed_tensor_allocator: prototype is NULL");
+    } else {
+        /* only dtype, ndim, shape and device count: a prototype of no data */
+        DLTensor shape_only = *prototype;
+        shape_only.data = NULL;
+        shape_only.strides = NULL;
+        shape_only.byte_offset = 0;
+        int64_t numel = 1;
+        for (int k = 0; k < shape_only.ndim && shape_only.shape; k++)
+            numel *= shape_only.shape[k];
+        if (numel > 0)
+            shape_only.data = (void *)1; /* dl_describe wants data for a non-empty tensor */
+        if (dl_describe(exchange_state, &shape_only, 0, "managed_tensor_allocator", &d) == 0 &&
+            (arr = ga_array_empty(exchange_state, d.dtype, shape_only.ndim, shape_only.shape,
+                                  d.device, (d.array_flags & GA_ARRAY_PINNED) != 0, NULL))) {
+            rc = exchange_from_py(arr, out);
+            Py_DECREF(arr); /* the export holds it */
+        }
+    }
+    if (rc < 0)
+        report_to(error_ctx, set_error);
+    PyGILState_Release(gil);
+    return rc;
+}
+
+static const DLPackExchangeAPI exchange_api = {
+    {{DLPACK_MAJOR_VERSION, DLPACK_EXCHANGE_API_MINOR_VERSION}, NULL},
+    exchange_allocator,
+    exchange_from_py,
+    exchange_to_py,
+    exchange_dltensor,
+    exchange_work_stream,
+};
+
+int ga_dlpack_publish_exchange_api(ga_state *st)
+{
+    PyObject *capsule = PyCapsule_New((void *)&exchange_api, DLPACK_EXCHANGE_API_CAPSULE, NULL);
+    if (!capsule)
+        return -1;
+    /* a class attribute of an immutable type: put in its dict while the
+     * module is made, before any lookup could have cached its absence */
+    int rc = PyDict_SetItem(st->ArrayType->tp_dict, st->str_dlpack_c_exchange_api, capsule);
+    Py_DECREF(capsule);
+    PyType_Modified(st->ArrayType);
+    if (rc == 0)
+        exchange_state = st;
+    return rc;
+}
+
+void ga_dlpack_unpublish_exchange_api(ga_state *st)
+{
+    if (exchange_state == st)
+        exchange_state = NULL;
 }
 
 /* -------------------------------------------------- CUDA Array Interface */

@@ -1,6 +1,7 @@
 /*
- * dlpack_abi.h — the DLPack ABI (dmlc/dlpack, version 1.1), written from the
- * specification: the structs and constants gpuaccel exchanges, nothing more.
+ * dlpack_abi.h — the DLPack ABI (dmlc/dlpack, version 1.3), written from the
+ * specification: the structs and constants gpuaccel exchanges, and the C
+ * exchange API (`__dlpack_c_exchange_api__`), nothing more.
  */
 #ifndef GPUACCEL_DLPACK_ABI_H
 #define GPUACCEL_DLPACK_ABI_H
@@ -8,6 +9,8 @@
 #include <stdint.h>
 
 #define DLPACK_MAJOR_VERSION 1
+/* what gpuaccel's managed tensors say they follow: nothing they carry is
+ * newer than 1.1 */
 #define DLPACK_MINOR_VERSION 1
 
 /* DLManagedTensorVersioned.flags */
@@ -84,5 +87,51 @@ typedef struct DLManagedTensorVersioned {
     uint64_t flags;
     DLTensor dl_tensor;
 } DLManagedTensorVersioned;
+
+/* ---- the C exchange API (DLPack 1.3): a table of C functions that a
+ * tensor type publishes as a capsule named "dlpack_exchange_api" in its
+ * type's __dlpack_c_exchange_api__, so that a C consumer exchanges tensors
+ * without calling Python.  None of these synchronizes streams: the consumer
+ * asks current_work_stream and queues its work there. */
+
+/* A new tensor of the producer's, with the prototype's dtype, ndim, shape
+ * and device; 0, or -1 after calling set_error(error_ctx, kind, message)
+ * (kind: a Python exception name such as "MemoryError"). */
+typedef int (*DLPackManagedTensorAllocator)(DLTensor *prototype, DLManagedTensorVersioned **out,
+                                            void *error_ctx,
+                                            void (*set_error)(void *error_ctx, const char *kind,
+                                                              const char *message));
+/* An owning managed tensor for a Python object of the producer's type; 0,
+ * or -1 with a Python exception set. */
+typedef int (*DLPackManagedTensorFromPyObjectNoSync)(void *py_object,
+                                                     DLManagedTensorVersioned **out);
+/* A non-owning view, valid while py_object lives and only until control
+ * returns to Python; 0, or -1 with a Python exception set. */
+typedef int (*DLPackDLTensorFromPyObjectNoSync)(void *py_object, DLTensor *out);
+/* The producer's current work stream of a device (NULL for the CPU); 0, or
+ * -1 with a Python exception set. */
+typedef int (*DLPackCurrentWorkStream)(DLDeviceType device_type, int32_t device_id,
+                                       void **out_current_stream);
+/* A Python object of the producer's type taking over an owning managed
+ * tensor; 0, or -1 with a Python exception set. */
+typedef int (*DLPackManagedTensorToPyObjectNoSync)(DLManagedTensorVersioned *tensor,
+                                                   void **out_py_object);
+
+typedef struct DLPackExchangeAPIHeader {
+    DLPackVersion version;
+    struct DLPackExchangeAPIHeader *prev_api; /* an older version's table, or NULL */
+} DLPackExchangeAPIHeader;
+
+typedef struct DLPackExchangeAPI {
+    DLPackExchangeAPIHeader header;
+    DLPackManagedTensorAllocator managed_tensor_allocator;
+    DLPackManagedTensorFromPyObjectNoSync managed_tensor_from_py_object_no_sync;
+    DLPackManagedTensorToPyObjectNoSync managed_tensor_to_py_object_no_sync;
+    DLPackDLTensorFromPyObjectNoSync dltensor_from_py_object_no_sync; /* may be NULL */
+    DLPackCurrentWorkStream current_work_stream;
+} DLPackExchangeAPI;
+
+#define DLPACK_EXCHANGE_API_CAPSULE "dlpack_exchange_api"
+#define DLPACK_EXCHANGE_API_MINOR_VERSION 3
 
 #endif

@@ -25,9 +25,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -47,6 +51,8 @@ typedef struct {
     int64_t offset;     /* file: byte offset of row 0 */
     int64_t file_size;  /* file: size when opened */
     char path[512];     /* file, for messages */
+    const char *map;    /* file: row 0 in a mapping of it (NULL: read with pread) */
+    PyObject *mapping;  /* file: the capsule holding that mapping (see map_source) */
     int64_t nrows;
     int64_t row_bytes;
     ga_dtype dtype;
@@ -89,6 +95,11 @@ typedef struct {
     loader_slot *slots;
     int nthreads, started_threads;
     pthread_t threads[GA_LOADER_MAX_THREADS];
+    atomic_int worker_ids; /* hands each worker its index */
+    /* CPU + transform: each worker's gather buffer, from the pageable pool
+     * like the outputs (a new epoch's workers reuse the last one's pages);
+     * the iterator owns them, so a forked child frees them too */
+    ga_block *scratch[GA_LOADER_MAX_THREADS];
     pthread_mutex_t mu;
     pthread_cond_t work_cv, ready_cv, consumer_cv;
     pid_t owner_pid;   /* the process whose threads these are (see forked()) */
@@ -152,6 +163,21 @@ static PyObject *raise_worker_error(ga_state *st, LoaderIterObject *it)
 
 /* ------------------------------------------------------------ gather */
 
+/* A source file is shorter than row `row` (bytes [offset, offset + size))
+ * needs: the error next() raises. */
+static void file_ended(LoaderIterObject *it, const loader_source *s, int64_t offset, int64_t size,
+                       int64_t row)
+{
+    char text[700];
+    off_t end = lseek(s->fd, 0, SEEK_END);
+    snprintf(text, sizeof text,
+             "'%s' ended early: row %lld needs bytes up to %lld, but the file has %lld "
+             "(it was %lld bytes when the loader opened it; was it truncated?)",
+             s->path, (long long)row, (long long)(offset + size), (long long)end,
+             (long long)s->file_size);
+    fail(it, ga_ok(), EIO, text);
+}
+
 /* Reads `size` bytes at `offset` of a source file, however many calls it
  * takes; a short file is an error, not a silent partial row. */
 static int read_file(LoaderIterObject *it, const loader_source *s, char *dst, int64_t offset,
@@ -162,25 +188,171 @@ static int read_file(LoaderIterObject *it, const loader_source *s, char *dst, in
         ssize_t n = pread(s->fd, dst + done, (size_t)(size - done), (off_t)(offset + done));
         if (n < 0 && errno == EINTR)
             continue;
-        char text[700];
         if (n < 0) {
             int err = errno;
+            char text[700];
             snprintf(text, sizeof text, "reading row %lld of '%s' failed: %s", (long long)first_row,
                      s->path, strerror(err));
             fail(it, ga_ok(), err, text);
             return -1;
         }
         if (n == 0) {
-            off_t end = lseek(s->fd, 0, SEEK_END);
-            snprintf(text, sizeof text,
-                     "'%s' ended early: row %lld needs bytes up to %lld, but the file has %lld "
-                     "(it was %lld bytes when the loader opened it; was it truncated?)",
-                     s->path, (long long)first_row, (long long)(offset + size), (long long)end,
-                     (long long)s->file_size);
-            fail(it, ga_ok(), EIO, text);
+            file_ended(it, s, offset, size, first_row);
             return -1;
         }
         done += n;
+    }
+    return 0;
+}
+
+/* ----------------------------------------------------- mapped files
+ *
+ * Each epoch maps its source files, or reuses the last epoch's mapping of
+ * the same file (PinnedLoader keeps it, gpuaccel/loader.py).  Rows are then
+ * copied out of the mapping: no system call and no page-cache lookup per
+ * row, under half the CPU time of pread() per row, none of it in the
+ * kernel.  But a file truncated under the copy turns the access into a
+ * SIGBUS, which would kill the process.  So the copies are guarded: the
+ * handler below turns a SIGBUS inside a worker's guarded copy into an error
+ * return (the same OSError as a short pread), and hands every other SIGBUS
+ * to the handler it replaced.  Each epoch puts it back on top if something
+ * installed another handler since; one installed while an epoch runs gets
+ * that epoch's SIGBUS (and typically ends the process, as it would without
+ * gpuaccel).  Bytes past the new end of the file in its last page read as
+ * zeros without a signal: an fstat() after each chunk catches those. */
+
+/* A read-only shared mapping of a whole source file, owned by a capsule:
+ * the epoch's iterator holds it while its workers copy from it, and
+ * PinnedLoader keeps the last epoch's for the next one (gpuaccel/loader.py),
+ * whose pages are then already mapped.  No descriptor stays open for it. */
+#define GA_MAPPING_CAPSULE "gpuaccel._loader_file_mapping"
+
+typedef struct {
+    void *addr;
+    size_t size;
+    unsigned long long dev, ino; /* which file: reused only for the same one */
+} file_mapping;
+
+static void file_mapping_destroy(PyObject *capsule)
+{
+    file_mapping *m = PyCapsule_GetPointer(capsule, GA_MAPPING_CAPSULE);
+    if (m) {
+        munmap(m->addr, m->size);
+        free(m);
+    }
+}
+
+typedef struct {
+    sigjmp_buf *env; /* where a SIGBUS in [lo, hi) jumps; NULL outside a copy */
+    const char *lo, *hi;
+} mapped_guard;
+
+static __thread mapped_guard guard;
+static struct sigaction sigbus_previous;
+static pthread_mutex_t sigbus_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void on_sigbus(int sig, siginfo_t *info, void *context)
+{
+    sigjmp_buf *env = guard.env;
+    const char *addr = (const char *)info->si_addr;
+    if (env && info->si_code > 0 && addr >= guard.lo && addr < guard.hi) {
+        guard.env = NULL;
+        siglongjmp(*env, 1);
+    }
+    /* not a guarded copy: what would have happened without this handler */
+    if (sigbus_previous.sa_flags & SA_SIGINFO) {
+        sigbus_previous.sa_sigaction(sig, info, context);
+        return;
+    }
+    if (sigbus_previous.sa_handler != SIG_DFL && sigbus_previous.sa_handler != SIG_IGN) {
+        sigbus_previous.sa_handler(sig);
+        return;
+    }
+    /* the default action: a fault is raised again when the access is
+     * retried on return; a signal sent by someone is sent again */
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    sigaction(SIGBUS, &dfl, NULL);
+    if (info->si_code <= 0)
+        raise(sig);
+}
+
+/* Puts on_sigbus in place unless it is (someone may have installed a
+ * handler over it since the last epoch: it then becomes the one chained
+ * to).  Needs the GIL (Python's signal module changes handlers under it). */
+static int ensure_sigbus_handler(void)
+{
+    int rc = 0;
+    pthread_mutex_lock(&sigbus_mu);
+    struct sigaction current;
+    if (sigaction(SIGBUS, NULL, &current) != 0) {
+        rc = -1;
+    } else if (!((current.sa_flags & SA_SIGINFO) && current.sa_sigaction == on_sigbus)) {
+        struct sigaction ours;
+        memset(&ours, 0, sizeof ours);
+        ours.sa_sigaction = on_sigbus;
+        ours.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART;
+        sigemptyset(&ours.sa_mask);
+        sigbus_previous = current;
+        rc = sigaction(SIGBUS, &ours, NULL);
+    }
+    pthread_mutex_unlock(&sigbus_mu);
+    return rc;
+}
+
+/* Copies rows [r0, r1) of the batch starting at sample `first` out of the
+ * source's mapping into dst (rows back to back). */
+static int gather_mapped(LoaderIterObject *it, const loader_source *s, int64_t first, int64_t r0,
+                         int64_t r1, char *dst)
+{
+    const int64_t *idx = it->indices + first;
+    volatile int64_t row = -1; /* read after a jump: must live in memory */
+    sigjmp_buf env;
+    /* no signal mask saved: that would cost a system call per chunk */
+    if (sigsetjmp(env, 0)) {
+        /* out of the handler, which runs with SIGBUS blocked */
+        sigset_t bus;
+        sigemptyset(&bus);
+        sigaddset(&bus, SIGBUS);
+        pthread_sigmask(SIG_UNBLOCK, &bus, NULL);
+        struct stat now;
+        int64_t end = s->offset + (row + 1) * s->row_bytes;
+        if (fstat(s->fd, &now) == 0 && (int64_t)now.st_size >= end) {
+            /* the file is long enough: the page could not be read */
+            char text[700];
+            snprintf(text, sizeof text,
+                     "reading row %lld of '%s' failed: %s (a SIGBUS reading "
+                     "its mapped page)",
+                     (long long)row, s->path, strerror(EIO));
+            fail(it, ga_ok(), EIO, text);
+        } else {
+            file_ended(it, s, s->offset + row * s->row_bytes, s->row_bytes, row);
+        }
+        return -1;
+    }
+    const file_mapping *m = PyCapsule_GetPointer(s->mapping, GA_MAPPING_CAPSULE);
+    guard.lo = (const char *)m->addr;
+    guard.hi = guard.lo + m->size;
+    atomic_signal_fence(memory_order_seq_cst);
+    guard.env = &env;
+    atomic_signal_fence(memory_order_seq_cst);
+    int64_t last = 0;
+    for (int64_t r = r0; r < r1; r++) {
+        row = idx[r];
+        last = idx[r] > last ? idx[r] : last;
+        memcpy(dst + (r - r0) * s->row_bytes, s->map + idx[r] * s->row_bytes, (size_t)s->row_bytes);
+    }
+    atomic_signal_fence(memory_order_seq_cst);
+    guard.env = NULL;
+    atomic_signal_fence(memory_order_seq_cst);
+    /* a file cut inside its last page: the bytes past the end read as 0 */
+    struct stat st;
+    int64_t needed = s->offset + (last + 1) * s->row_bytes;
+    if (fstat(s->fd, &st) == 0 && (int64_t)st.st_size < needed) {
+        file_ended(it, s, s->offset + last * s->row_bytes, s->row_bytes, last);
+        return -1;
     }
     return 0;
 }
@@ -190,6 +362,8 @@ static int read_file(LoaderIterObject *it, const loader_source *s, char *dst, in
 static int gather_rows(LoaderIterObject *it, const loader_source *s, int64_t first, int64_t r0,
                        int64_t r1, char *dst)
 {
+    if (s->map)
+        return gather_mapped(it, s, first, r0, r1, dst);
     const int64_t *idx = it->indices + first;
     int64_t r = r0;
     while (r < r1) {
@@ -242,6 +416,7 @@ static int gather_chunk(LoaderIterObject *it, loader_slot *slot, int64_t chunk, 
             d.src = (const uint8_t *)scratch;
             d.dst = (char *)slot->out[0]->ptr + r0 * it->transform_row_bytes;
             d.n = r1 - r0;
+            d.in_caller = 1; /* the workers split the batch between them */
             ga_status status = ga_cpu_normalize_images(&d);
             if (status.error) {
                 fail(it, status, 0, NULL);
@@ -346,22 +521,12 @@ static int finish_slot(LoaderIterObject *it, loader_slot *slot)
 static void *worker_main(void *arg)
 {
     LoaderIterObject *it = (LoaderIterObject *)arg;
-    char *scratch = NULL;
+    int worker = atomic_fetch_add(&it->worker_ids, 1);
+    char *scratch = it->scratch[worker] ? it->scratch[worker]->ptr : NULL;
     if (it->device.type == GA_DEVICE_CUDA) {
         ga_status status = ga_cuda_thread_init(it->device.index);
         if (status.error) {
             fail(it, status, 0, NULL);
-            return NULL;
-        }
-    }
-    if (it->has_transform && it->device.type == GA_DEVICE_CPU) {
-        scratch = malloc((size_t)(chunk_rows(it) * it->src[0].row_bytes));
-        if (!scratch) {
-            fail(it,
-                 ga_status_make(GA_ERR_HOST_OUT_OF_MEMORY, 0, NULL,
-                                "could not allocate the loader's gather buffer", "PinnedLoader",
-                                __FILE__, __LINE__),
-                 0, NULL);
             return NULL;
         }
     }
@@ -415,7 +580,6 @@ static void *worker_main(void *arg)
         }
     }
     pthread_mutex_unlock(&it->mu);
-    free(scratch);
     return NULL;
 }
 
@@ -427,6 +591,28 @@ static void *worker_main(void *arg)
 static int forked(const LoaderIterObject *it)
 {
     return getpid() != it->owner_pid;
+}
+
+/* Closes the files and lets go of their mappings (PinnedLoader may hold
+ * them for the next epoch).  Needs the GIL and the workers joined. */
+static void release_sources(LoaderIterObject *it)
+{
+    for (int i = 0; i < it->nsources; i++) {
+        loader_source *s = &it->src[i];
+        if (s->is_file && s->fd >= 0)
+            close(s->fd);
+        s->fd = -1;
+        s->map = NULL;
+        Py_CLEAR(s->mapping);
+    }
+}
+
+static void release_scratch(LoaderIterObject *it)
+{
+    for (int t = 0; t < GA_LOADER_MAX_THREADS; t++) {
+        ga_block_free(it->scratch[t]);
+        it->scratch[t] = NULL;
+    }
 }
 
 /* Returns unused outputs, the staging buffers and the events to the pool.
@@ -451,11 +637,8 @@ static void release_ring(LoaderIterObject *it)
                 }
             }
         }
-        for (int i = 0; i < it->nsources; i++) {
-            if (it->src[i].is_file && it->src[i].fd >= 0)
-                close(it->src[i].fd); /* this process's copy of the descriptor */
-            it->src[i].fd = -1;
-        }
+        release_scratch(it);
+        release_sources(it); /* this process's copies of the descriptors */
         return;
     }
     for (int k = 0; it->slots && k < it->nslots; k++) {
@@ -482,11 +665,8 @@ static void release_ring(LoaderIterObject *it)
             ga_cuda_event_destroy(it->device.index, slot->copied);
         slot->copy_start = slot->copied = NULL;
     }
-    for (int i = 0; i < it->nsources; i++) {
-        if (it->src[i].is_file && it->src[i].fd >= 0)
-            close(it->src[i].fd);
-        it->src[i].fd = -1;
-    }
+    release_sources(it);
+    release_scratch(it);
 }
 
 /* Ends the epoch: stops and joins the workers (GIL released while joining),
@@ -543,8 +723,50 @@ static ga_status loader_copy_stream(int device, ga_stream *out)
 
 /* ------------------------------------------------------- construction */
 
+/* Maps the opened source file for copying rows out of it, reusing the last
+ * epoch's mapping (`previous`: a capsule or None) when it is of this very
+ * file (not one that replaced it since) and covers every row.  A file that
+ * cannot be mapped is read with pread(): not an error. */
+static int map_source(loader_source *s, PyObject *previous)
+{
+    struct stat st;
+    int64_t needed = s->offset + s->nrows * s->row_bytes;
+    if (needed <= 0 || fstat(s->fd, &st) != 0 || !S_ISREG(st.st_mode))
+        return 0;
+    if (previous && PyCapsule_IsValid(previous, GA_MAPPING_CAPSULE)) {
+        const file_mapping *m = PyCapsule_GetPointer(previous, GA_MAPPING_CAPSULE);
+        if (m->dev == (unsigned long long)st.st_dev && m->ino == (unsigned long long)st.st_ino &&
+            (int64_t)m->size >= needed) {
+            s->mapping = Py_NewRef(previous);
+            s->map = (const char *)m->addr + s->offset;
+            return 0;
+        }
+    }
+    file_mapping *m = calloc(1, sizeof *m);
+    if (!m) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    m->size = (size_t)needed;
+    m->dev = (unsigned long long)st.st_dev;
+    m->ino = (unsigned long long)st.st_ino;
+    m->addr = mmap(NULL, m->size, PROT_READ, MAP_SHARED, s->fd, 0);
+    if (m->addr == MAP_FAILED) {
+        free(m);
+        return 0;
+    }
+    s->mapping = PyCapsule_New(m, GA_MAPPING_CAPSULE, file_mapping_destroy);
+    if (!s->mapping) {
+        munmap(m->addr, m->size);
+        free(m);
+        return -1;
+    }
+    s->map = (const char *)m->addr + s->offset;
+    return 0;
+}
+
 static int parse_source(ga_state *st, LoaderIterObject *it, PyObject *spec, loader_source *s,
-                        int index)
+                        int index, PyObject *previous_mapping)
 {
     /* ("memory", ndarray) or ("file", path, offset, nrows, dtype, row_shape) */
     const char *kind;
@@ -628,7 +850,7 @@ static int parse_source(ga_state *st, LoaderIterObject *it, PyObject *spec, load
                          path, (long long)end, nrows, (long long)s->row_bytes, offset);
             return -1;
         }
-        return 0;
+        return map_source(s, previous_mapping);
     }
     PyErr_Format(PyExc_TypeError, "source %d: unknown kind '%s'", index, kind);
     return -1;
@@ -714,14 +936,14 @@ error:
 
 static PyObject *LoaderIter_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
 {
-    static char *kwlist[] = {"sources",  "indices",   "batch_size",  "device", "num_threads",
-                             "prefetch", "transform", "start_batch", NULL};
-    PyObject *sources, *indices, *device_obj, *transform = Py_None;
+    static char *kwlist[] = {"sources",  "indices",   "batch_size",  "device",   "num_threads",
+                             "prefetch", "transform", "start_batch", "mappings", NULL};
+    PyObject *sources, *indices, *device_obj, *transform = Py_None, *mappings = Py_None;
     long long batch_size, start_batch = 0;
     int num_threads, prefetch;
-    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOLOii|OL:_LoaderIter", kwlist, &sources,
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOLOii|OLO:_LoaderIter", kwlist, &sources,
                                      &indices, &batch_size, &device_obj, &num_threads, &prefetch,
-                                     &transform, &start_batch))
+                                     &transform, &start_batch, &mappings))
         return NULL;
     ga_state *st = ga_state_from_type(type);
     if (!st)
@@ -745,9 +967,23 @@ static PyObject *LoaderIter_new(PyTypeObject *type, PyObject *args, PyObject *kw
         goto error;
     }
     it->nsources = (int)PyList_GET_SIZE(sources);
-    for (int i = 0; i < it->nsources; i++)
-        if (parse_source(st, it, PyList_GET_ITEM(sources, i), &it->src[i], i) < 0)
+    if (mappings != Py_None &&
+        !(PyTuple_Check(mappings) && PyTuple_GET_SIZE(mappings) == it->nsources)) {
+        PyErr_SetString(PyExc_TypeError, "mappings must be None or the `mappings` of an earlier "
+                                         "epoch's iterator over the same sources");
+        goto error;
+    }
+    for (int i = 0; i < it->nsources; i++) {
+        PyObject *previous = mappings == Py_None ? NULL : PyTuple_GET_ITEM(mappings, i);
+        if (parse_source(st, it, PyList_GET_ITEM(sources, i), &it->src[i], i, previous) < 0)
             goto error;
+    }
+    for (int i = 0; i < it->nsources; i++) {
+        if (it->src[i].map && ensure_sigbus_handler() < 0) {
+            PyErr_SetFromErrno(PyExc_OSError);
+            goto error;
+        }
+    }
     if (!PyArray_Check(indices) || PyArray_TYPE((PyArrayObject *)indices) != NPY_INT64 ||
         PyArray_NDIM((PyArrayObject *)indices) != 1 ||
         !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)indices)) {
@@ -794,6 +1030,12 @@ static PyObject *LoaderIter_new(PyTypeObject *type, PyObject *args, PyObject *kw
     }
     if (allocate_ring(st, it, prefetch + 2) < 0)
         goto error;
+    for (int t = 0; t < num_threads && it->has_transform && it->device.type == GA_DEVICE_CPU; t++) {
+        it->scratch[t] = ga_block_alloc(st, GA_MEM_HOST, -1,
+                                        (size_t)(chunk_rows(it) * it->src[0].row_bytes), NULL);
+        if (!it->scratch[t])
+            goto error;
+    }
     it->nthreads = num_threads;
     it->started_at = now_seconds();
     for (int t = 0; t < num_threads; t++) {
@@ -882,6 +1124,17 @@ static int wait_for_batch(LoaderIterObject *it, loader_slot *slot, int64_t b)
     }
 }
 
+/* A fresh (N, H, W, C) root array, shown as (N, C, H, W) with the strides
+ * of torch's channels_last format: what a channels_last model takes, with
+ * no transpose anywhere. */
+static void as_channels_last(ArrayObject *a)
+{
+    int64_t h = a->shape[1], w = a->shape[2], c = a->shape[3];
+    int64_t sh = a->strides[1], sw = a->strides[2], sc = a->strides[3];
+    a->shape[1] = c, a->shape[2] = h, a->shape[3] = w;
+    a->strides[1] = sc, a->strides[2] = sh, a->strides[3] = sw;
+}
+
 /* next_batch for the one consumer inside (consumer_busy set). */
 static PyObject *take_batch(ga_state *st, LoaderIterObject *it, PyObject *stream_obj)
 {
@@ -928,7 +1181,7 @@ static PyObject *take_batch(ga_state *st, LoaderIterObject *it, PyObject *stream
             int64_t c = d->c, h = d->h, w = d->w;
             shape[1] = d->nchw ? c : h;
             shape[2] = d->nchw ? h : w;
-            shape[3] = d->nchw ? w : c;
+            shape[3] = d->nchw ? w : c; /* NHWC memory: made (N, C, H, W) below */
         }
         int flags = !cuda && it->pinned_out ? GA_ARRAY_PINNED : 0;
         ArrayObject *arr =
@@ -938,6 +1191,8 @@ static PyObject *take_batch(ga_state *st, LoaderIterObject *it, PyObject *stream
             return NULL;
         }
         slot->out[i] = NULL; /* the Array owns it now */
+        if (i == 0 && it->has_transform && !it->transform.nchw)
+            as_channels_last(arr);
         PyTuple_SET_ITEM(result, i, (PyObject *)arr);
     }
     pthread_mutex_lock(&it->mu);
@@ -1020,6 +1275,15 @@ static PyObject *LoaderIter_get_next_batch_index(LoaderIterObject *it, void *c)
     return PyLong_FromLongLong(it->next_out);
 }
 
+static PyObject *LoaderIter_get_mappings(LoaderIterObject *it, void *c)
+{
+    (void)c;
+    PyObject *result = PyTuple_New(it->nsources);
+    for (int i = 0; result && i < it->nsources; i++)
+        PyTuple_SET_ITEM(result, i, Py_NewRef(it->src[i].mapping ? it->src[i].mapping : Py_None));
+    return result;
+}
+
 static int LoaderIter_traverse(LoaderIterObject *it, visitproc visit, void *arg)
 {
     Py_VISIT(Py_TYPE(it));
@@ -1061,6 +1325,10 @@ static PyGetSetDef LoaderIter_getset[] = {
     {"remaining", (getter)LoaderIter_get_remaining, NULL, "batches left in the epoch", NULL},
     {"next_batch_index", (getter)LoaderIter_get_next_batch_index, NULL,
      "index (in the epoch) of the batch next_batch() returns", NULL},
+    {"mappings", (getter)LoaderIter_get_mappings, NULL,
+     "per source: the mapping its file is read through (None: pread); pass them to the next "
+     "epoch's iterator, which reuses those still of the same files",
+     NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

@@ -100,11 +100,16 @@ static int module_exec(PyObject *module)
         return -1;
     if (!(st->str_dlpack = PyUnicode_InternFromString("__dlpack__")) ||
         !(st->str_dlpack_device = PyUnicode_InternFromString("__dlpack_device__")) ||
+        !(st->str_dlpack_c_exchange_api =
+              PyUnicode_InternFromString("__dlpack_c_exchange_api__")) ||
+        !(st->str_requires_grad = PyUnicode_InternFromString("requires_grad")) ||
         !(st->str_cuda_array_interface = PyUnicode_InternFromString("__cuda_array_interface__")) ||
         !(st->kw_max_version = Py_BuildValue("(s)", "max_version")) ||
         !(st->kw_max_version_stream = Py_BuildValue("(ss)", "max_version", "stream")) ||
         !(st->kw_stream = Py_BuildValue("(s)", "stream")) ||
         !(st->dlpack_max_version = Py_BuildValue("(ii)", 1, 1)))
+        return -1;
+    if (ga_dlpack_publish_exchange_api(st) < 0)
         return -1;
     if (add_dtype_names(module) < 0)
         return -1;
@@ -131,10 +136,14 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->bfloat16_descr);
     Py_VISIT(st->torch_tensor_type);
     Py_VISIT(st->torch_raw_stream);
+    Py_VISIT(st->torch_parameter_type);
+    Py_VISIT(st->torch_is_neg);
+    Py_VISIT(st->str_requires_grad);
     for (int d = 0; d < GA_NUM_DTYPES; d++)
         Py_VISIT(st->torch_dtypes[d]);
     Py_VISIT(st->str_dlpack);
     Py_VISIT(st->str_dlpack_device);
+    Py_VISIT(st->str_dlpack_c_exchange_api);
     Py_VISIT(st->str_cuda_array_interface);
     Py_VISIT(st->kw_max_version);
     Py_VISIT(st->kw_max_version_stream);
@@ -161,10 +170,15 @@ static int module_clear(PyObject *module)
     Py_CLEAR(st->bfloat16_descr);
     Py_CLEAR(st->torch_tensor_type);
     Py_CLEAR(st->torch_raw_stream);
+    Py_CLEAR(st->torch_parameter_type);
+    Py_CLEAR(st->torch_is_neg);
+    Py_CLEAR(st->str_requires_grad);
+    st->torch_exchange_api = NULL;
     for (int d = 0; d < GA_NUM_DTYPES; d++)
         Py_CLEAR(st->torch_dtypes[d]);
     Py_CLEAR(st->str_dlpack);
     Py_CLEAR(st->str_dlpack_device);
+    Py_CLEAR(st->str_dlpack_c_exchange_api);
     Py_CLEAR(st->str_cuda_array_interface);
     Py_CLEAR(st->kw_max_version);
     Py_CLEAR(st->kw_max_version_stream);
@@ -175,6 +189,9 @@ static int module_clear(PyObject *module)
 
 static void module_free(void *module)
 {
+    ga_state *st = ga_state_from_module((PyObject *)module);
+    if (st)
+        ga_dlpack_unpublish_exchange_api(st);
     module_clear((PyObject *)module);
 }
 
@@ -227,7 +244,7 @@ static PyMethodDef module_methods[] = {
      "for a device ('cpu' includes the pinned pool).  device=None: the current CUDA device "
      "when CUDA is usable, else the CPU."},
     {"empty_cache", ga_py_empty_cache, METH_NOARGS,
-     "empty_cache()\n\nReturns cached device and pinned memory that no array uses."},
+     "empty_cache()\n\nReturns cached device, pinned and pageable host memory that no array uses."},
     {"set_memory_limit", KW ga_py_set_memory_limit, METH_VARARGS | METH_KEYWORDS,
      "set_memory_limit(limit, device=None)\n\nCaps what gpuaccel may allocate on a device: "
      "bytes (int), a fraction of the device's memory (float in (0, 1]), or None for no "
@@ -237,7 +254,9 @@ static PyMethodDef module_methods[] = {
      "act(a @ b + bias) in one call: a (..., M, K), b (K, N) or (..., K, N) with broadcast "
      "batch dimensions (NumPy's rules, 1-D operands included); bias (N,); activation None, "
      "'relu' or 'gelu' (tanh approximation); float16/bfloat16 accumulate in float32 "
-     "(out_dtype='float32' keeps the result in float32)."},
+     "(out_dtype='float32' keeps the result in float32).  stream: None (gpuaccel's current "
+     "stream, else torch's for torch tensors), a Stream, a torch.cuda.Stream, an int handle, "
+     "or 'torch' (torch's current stream whatever gpuaccel's is); the same for every op."},
     {"linear", KW ga_py_linear, METH_FASTCALL | METH_KEYWORDS,
      "linear(x, weight, bias=None, activation=None, *, out=None, save_preactivation=False, "
      "stream=None)\n\ny = act(x @ weight.T + bias) with weight (out_features, in_features) as "

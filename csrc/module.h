@@ -53,9 +53,18 @@ typedef struct {
     PyObject *torch_tensor_type;
     PyObject *torch_dtypes[GA_NUM_DTYPES];
     PyObject *torch_raw_stream; /* torch._C._cuda_getCurrentRawStream, or NULL */
+    /* torch >= 2.9's DLPack C exchange table (NULL for older torch), and the
+     * tensor types it is used for: torch.Tensor and nn.Parameter exactly
+     * (subclasses may override what their data is: they take the Python
+     * path) */
+    const struct DLPackExchangeAPI *torch_exchange_api;
+    PyObject *torch_parameter_type;
+    PyObject *torch_is_neg;      /* torch.Tensor.is_neg, the unbound method */
+    PyObject *str_requires_grad; /* "requires_grad" */
     /* interned names and constants of the DLPack exchange (a hot path) */
-    PyObject *str_dlpack;        /* "__dlpack__" */
-    PyObject *str_dlpack_device; /* "__dlpack_device__" */
+    PyObject *str_dlpack;                /* "__dlpack__" */
+    PyObject *str_dlpack_device;         /* "__dlpack_device__" */
+    PyObject *str_dlpack_c_exchange_api; /* "__dlpack_c_exchange_api__" */
     PyObject *str_cuda_array_interface;
     PyObject *kw_max_version;        /* ("max_version",) */
     PyObject *kw_max_version_stream; /* ("max_version", "stream") */

@@ -254,6 +254,22 @@ static int default_stream(ga_state *st, int device, int on_torch_tensors, ga_str
     return ga_torch_current_stream(st, device, out) < 0 ? -1 : 0;
 }
 
+/* stream="torch": torch's current stream whatever gpuaccel's is (what
+ * gpuaccel.torch's layers ask, as torch's own ops would run there). */
+static int is_torch_stream_request(PyObject *stream_obj)
+{
+    return PyUnicode_Check(stream_obj) &&
+           PyUnicode_CompareWithASCIIString(stream_obj, "torch") == 0;
+}
+
+static int torch_stream(ga_state *st, int device, ga_stream *out)
+{
+    int found = ga_torch_current_stream(st, device, out);
+    if (found == 0)
+        *out = GA_STREAM_LEGACY; /* no torch CUDA: its ops would use no stream at all */
+    return found < 0 ? -1 : 0;
+}
+
 /* The stream the op runs on, also as an object (None for a CPU op) for the
  * helpers that take one (ga_copy_into, ga_array_copy_to), so that their
  * copies queue on the very stream the op runs on. */
@@ -265,10 +281,16 @@ static int pick_stream(ga_state *st, ga_op *op, const ArrayObject *lead, PyObjec
     }
     int device = op->device.index;
     int on_torch_tensors = lead->base && ga_is_torch_tensor(st, lead->base);
-    if (ga_ensure_cuda_device(st, device) < 0 ||
-        (stream_obj == NULL || stream_obj == Py_None
-             ? default_stream(st, device, on_torch_tensors, &op->stream)
-             : ga_stream_from_object(st, stream_obj, device, &op->stream, "stream")) < 0)
+    int rc;
+    if (ga_ensure_cuda_device(st, device) < 0)
+        return -1;
+    if (stream_obj == NULL || stream_obj == Py_None)
+        rc = default_stream(st, device, on_torch_tensors, &op->stream);
+    else if (is_torch_stream_request(stream_obj))
+        rc = torch_stream(st, device, &op->stream);
+    else
+        rc = ga_stream_from_object(st, stream_obj, device, &op->stream, "stream");
+    if (rc < 0)
         return -1;
     op->cuda_stream = &op->stream;
     op->stream_obj = PyLong_FromVoidPtr((void *)op->stream);

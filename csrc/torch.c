@@ -1,12 +1,22 @@
 /*
- * torch.c — what gpuaccel needs of torch, without DLPack and without
- * importing it: its Tensor type, its dtype objects and its current stream
- * function, looked up once the user has imported torch and kept in the
- * module state (ga_state).  torch's __dlpack__ costs microseconds of
- * Python per call; these read a tensor's pointer, sizes, strides, dtype
- * and device directly.
+ * torch.c — what gpuaccel needs of torch, without importing it: its Tensor
+ * type, its dtype objects, its DLPack C exchange table and its current
+ * stream, looked up once the user has imported torch and kept in the
+ * module state (ga_state).
+ *
+ * Why not __dlpack__: a Python-level DLPack round costs microseconds per
+ * operand, more than a small op's whole host budget.  With torch >= 2.9 a
+ * tensor is read through the exchange table (DLPack 1.3): a non-owning
+ * DLTensor view and torch's current work stream, plain C calls.  Older
+ * torch, and tensor subclasses (which may redefine what their data is),
+ * are read through their Python attributes instead: pointer, sizes,
+ * strides, dtype and device.
  */
 #include "torch.h"
+
+#include <stdlib.h>
+#include <string.h>
+
 #include "dlpack.h"
 
 /* 1 once torch is imported (its objects are then in the module state), 0
@@ -36,6 +46,24 @@ static int load_torch(ga_state *st)
         torch_c ? PyObject_GetAttrString(torch_c, "_cuda_getCurrentRawStream") : NULL;
     Py_XDECREF(torch_c);
     PyErr_Clear();
+    st->torch_parameter_type = PyObject_GetAttrString(torch, "nn");
+    if (st->torch_parameter_type)
+        Py_SETREF(st->torch_parameter_type,
+                  PyObject_GetAttrString(st->torch_parameter_type, "Parameter"));
+    PyErr_Clear();
+    /* GPUACCEL_NO_DLPACK_EXCHANGE=1: torch's Python-level interfaces only
+     * (its tensor attributes, __dlpack__, torch._C's stream lookup), e.g. to
+     * rule the C table out when looking for a bug */
+    const char *no_exchange = getenv("GPUACCEL_NO_DLPACK_EXCHANGE");
+    st->torch_exchange_api = no_exchange && strcmp(no_exchange, "1") == 0
+                                 ? NULL
+                                 : ga_dlpack_exchange_api(st, (PyTypeObject *)tensor);
+    st->torch_is_neg = PyObject_GetAttrString(tensor, "is_neg");
+    if (!st->torch_is_neg) { /* not the torch gpuaccel knows: no tensor is one */
+        PyErr_Clear();
+        Py_DECREF(tensor);
+        return 0;
+    }
     st->torch_tensor_type = tensor;
     return 1;
 }
@@ -68,7 +96,16 @@ int ga_torch_dtype(ga_state *st, PyObject *tensor, ga_dtype *out)
 
 int ga_torch_current_stream(ga_state *st, int device, ga_stream *out)
 {
-    if (!load_torch(st) || !st->torch_raw_stream)
+    if (!load_torch(st))
+        return 0;
+    if (st->torch_exchange_api) {
+        void *handle = NULL;
+        if (st->torch_exchange_api->current_work_stream(kDLCUDA, device, &handle) < 0)
+            return -1;
+        *out = handle ? (ga_stream)handle : GA_STREAM_LEGACY;
+        return 1;
+    }
+    if (!st->torch_raw_stream)
         return 0;
     PyObject *r = PyObject_CallFunction(st->torch_raw_stream, "i", device);
     if (!r)
@@ -153,22 +190,78 @@ done:
     return arr;
 }
 
-ArrayObject *ga_from_torch(ga_state *st, PyObject *t)
+/* The tensor with its values in memory: itself (a new reference), or, when
+ * torch's neg bit is set (its values are its memory's negated, which no
+ * pointer can say, and which torch's own DLPack export ignores), a
+ * resolved copy; *copied says which.  NULL with an exception. */
+PyObject *ga_torch_resolved(ga_state *st, PyObject *t, int *copied)
 {
+    PyObject *negated = PyObject_Vectorcall(st->torch_is_neg, &t, 1, NULL);
+    if (!negated)
+        return NULL;
+    *copied = negated == Py_True;
+    Py_DECREF(negated);
+    return *copied ? PyObject_CallMethod(t, "resolve_neg", NULL) : Py_NewRef(t);
+}
+
+const DLPackExchangeAPI *ga_torch_exchange_api(ga_state *st, PyObject *tensor)
+{
+    PyTypeObject *type = Py_TYPE(tensor);
+    if (type == (PyTypeObject *)st->torch_tensor_type ||
+        type == (PyTypeObject *)st->torch_parameter_type)
+        return st->torch_exchange_api;
+    return NULL;
+}
+
+int ga_torch_requires_grad(ga_state *st, PyObject *tensor)
+{
+    PyObject *flag = PyObject_GetAttr(tensor, st->str_requires_grad);
+    if (!flag)
+        return -1;
+    int requires_grad = flag == Py_True;
+    Py_DECREF(flag);
+    return requires_grad;
+}
+
+/* The exchange table's view of a plain tensor as an Array: NULL with no
+ * exception when it cannot serve (then the attribute path below does, and
+ * raises the errors users are shown). */
+static ArrayObject *view_through_exchange(ga_state *st, PyObject *t)
+{
+    const DLPackExchangeAPI *api = ga_torch_exchange_api(st, t);
+    if (!api || !api->dltensor_from_py_object_no_sync)
+        return NULL;
+    DLTensor view;
+    ArrayObject *arr = NULL;
+    if (api->dltensor_from_py_object_no_sync(t, &view) == 0)
+        arr = ga_array_from_dltensor_view(st, &view, t, "torch tensor");
+    if (!arr)
+        PyErr_Clear();
+    return arr;
+}
+
+/* An Array over a tensor without the neg bit. */
+static ArrayObject *wrap_resolved(ga_state *st, PyObject *t)
+{
+    ArrayObject *fast = view_through_exchange(st, t);
+    if (fast)
+        return fast;
     ga_dtype dtype;
     if (ga_torch_dtype(st, t, &dtype) < 0)
         return NULL;
-    /* lazily negated views (torch's neg bit) hold other values than their
-     * memory: let torch's own DLPack export resolve them */
-    PyObject *negated = PyObject_CallMethod(t, "is_neg", NULL);
-    if (!negated)
-        return NULL;
-    int is_neg = negated == Py_True;
-    Py_DECREF(negated);
-    if (is_neg)
-        return ga_from_dlpack_object(st, t);
     ga_device device;
     if (torch_device(st, t, &device) < 0)
         return NULL;
     return wrap_tensor(st, t, dtype, device);
+}
+
+ArrayObject *ga_from_torch(ga_state *st, PyObject *t)
+{
+    int copied;
+    PyObject *resolved = ga_torch_resolved(st, t, &copied);
+    if (!resolved)
+        return NULL;
+    ArrayObject *arr = wrap_resolved(st, resolved);
+    Py_DECREF(resolved);
+    return arr;
 }

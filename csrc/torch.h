@@ -7,14 +7,26 @@
 #define GPUACCEL_TORCH_H
 
 #include "array.h"
+#include "dlpack_abi.h"
 
 /* 1 when obj is a torch.Tensor (0 while torch has not been imported). */
 int ga_is_torch_tensor(ga_state *st, PyObject *obj);
 /* The gpuaccel dtype of a tensor ga_is_torch_tensor accepted; TypeError
  * naming the dtype when gpuaccel has none like it. */
 int ga_torch_dtype(ga_state *st, PyObject *tensor, ga_dtype *out);
+/* The tensor with its values in memory: itself (a new reference), or, when
+ * torch's neg bit is set, a resolved copy (*copied = 1).  NULL with an
+ * exception. */
+PyObject *ga_torch_resolved(ga_state *st, PyObject *tensor, int *copied);
+/* The exchange table torch reads `tensor` through: torch's, for a plain
+ * tensor or parameter; NULL (use __dlpack__) for subclasses, which may
+ * redefine what their data is, and for torch before 2.9. */
+const DLPackExchangeAPI *ga_torch_exchange_api(ga_state *st, PyObject *tensor);
+/* 1 when the tensor requires grad (DLPack exports refuse it: torch's
+ * rule); -1 with an exception. */
+int ga_torch_requires_grad(ga_state *st, PyObject *tensor);
 /* A zero-copy Array over a CPU or CUDA torch tensor (it keeps the tensor
- * alive). */
+ * alive); a tensor with the neg bit set is read through a resolved copy. */
 ArrayObject *ga_from_torch(ga_state *st, PyObject *tensor);
 /* torch's current stream of CUDA device `device` into *out, where torch
  * queues the work on its tensors (its 0, the legacy default stream, as

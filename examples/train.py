@@ -47,13 +47,14 @@ def main(argv=None):
     files = dataset.ensure(args.data, args.samples, max(1000, args.samples // 5))
     mean, std = dataset.mean_std()
     dtype = "bfloat16" if on_gpu else "float32"
+    layout = "NHWC" if on_gpu else "NCHW"  # NHWC: channels_last batches for the channels_last model
 
     model = make_model().to(device)
     if on_gpu:
         model = model.to(memory_format=torch.channels_last)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     loader = ga.PinnedLoader([files["train_x"], files["train_y"]], args.batch_size, shuffle=True, drop_last=True,
-                             device=str(device), transform=ga.ImageNormalize(mean, std, dtype=dtype))
+                             device=str(device), transform=ga.ImageNormalize(mean, std, dtype=dtype, layout=layout))
     log = ga.LossLogger(every=50, on_log=lambda step, v: print("step %5d  loss %.4f" % (step, v["loss"])))
 
     step = 0
@@ -72,7 +73,7 @@ def main(argv=None):
 
     # held-out accuracy, reading the test split through the same loader
     test = ga.PinnedLoader([files["test_x"], files["test_y"]], 500, device=str(device),
-                           transform=ga.ImageNormalize(mean, std, dtype=dtype))
+                           transform=ga.ImageNormalize(mean, std, dtype=dtype, layout=layout))
     model.eval()
     correct = total = 0
     with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=on_gpu):

@@ -47,6 +47,7 @@ def main(argv=None):
     files = dataset.ensure(args.data, args.samples, max(1000, args.samples // 5))
     mean, std = dataset.mean_std()
     dtype = "bfloat16" if on_gpu else "float32"
+    layout = "NHWC" if on_gpu else "NCHW"  # NHWC: channels_last batches for the channels_last model
 
     torch.manual_seed(0)  # the same initial weights on every rank
     model = make_model().to(device)
@@ -55,7 +56,7 @@ def main(argv=None):
     model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank] if on_gpu else None)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     loader = ga.PinnedLoader([files["train_x"], files["train_y"]], args.batch_size, shuffle=True, drop_last=True,
-                             device=str(device), transform=ga.ImageNormalize(mean, std, dtype=dtype))
+                             device=str(device), transform=ga.ImageNormalize(mean, std, dtype=dtype, layout=layout))
     on_log = (lambda step, v: print("step %5d  loss %.4f (mean of %d ranks)" % (step, v["loss"], world))) \
         if rank == 0 else None
     log = ga.LossLogger(every=20, reduce="mean", on_log=on_log)

@@ -114,8 +114,10 @@ def train_gpuaccel(torch, model, files, args, device, bar_position=0):
         model = model.to(memory_format=torch.channels_last)
     mean, std = dataset.mean_std()
     dtype = "bfloat16" if device.type == "cuda" else "float32"
+    layout = "NHWC" if device.type == "cuda" else "NCHW"  # channels_last batches for the channels_last model
     loader = ga.PinnedLoader([files["train_x"], files["train_y"]], args.batch_size, shuffle=True, seed=args.seed,
-                             drop_last=True, device=str(device), transform=ga.ImageNormalize(mean, std, dtype=dtype))
+                             drop_last=True, device=str(device),
+                             transform=ga.ImageNormalize(mean, std, dtype=dtype, layout=layout))
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     steps = min(args.steps, args.epochs * len(loader))
     bar = tqdm(total=steps, desc="gpuaccel", position=bar_position, leave=True) if tqdm and not args.quiet else None
@@ -214,15 +216,14 @@ def evaluate(torch, model, files, device, batch_size):
     """Accuracy on the held-out split (the same path for both models)."""
     mean, std = dataset.mean_std()
     dtype = "bfloat16" if device.type == "cuda" else "float32"
+    layout = "NHWC" if device.type == "cuda" else "NCHW"  # channels_last, as the model on the GPU
     loader = ga.PinnedLoader([files["test_x"], files["test_y"]], batch_size, device=str(device),
-                             transform=ga.ImageNormalize(mean, std, dtype=dtype))
+                             transform=ga.ImageNormalize(mean, std, dtype=dtype, layout=layout))
     correct = total = 0
     model.eval()
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
     with torch.no_grad(), autocast:
         for images, labels in loader:
-            if device.type == "cuda":
-                images = images.contiguous(memory_format=torch.channels_last)
             correct += (model(images.float() if device.type == "cpu" else images).argmax(1) == labels).sum()
             total += labels.shape[0]
     model.train()

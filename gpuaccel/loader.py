@@ -6,9 +6,11 @@ arguments, epochs, shuffling, distributed shards, resuming, torch tensors,
 progress bars.
 
 Outputs come from gpuaccel's stream-ordered device pool (pinned host memory
-on device="cpu" when CUDA is usable): each batch gets fresh memory that stays
-valid for as long as you hold it; when you drop it, the memory is reused only
-after the streams that used it are done with it.
+on device="cpu" when CUDA is usable, else its pageable host pool): each batch
+gets memory that stays valid for as long as you hold it; when you drop it, the
+memory goes back to the pool and is reused only after the streams that used it
+are done with it.  A loop that drops each batch thus keeps cycling through the
+same few buffers, whose pages are already faulted in.
 """
 
 import atexit
@@ -29,7 +31,12 @@ _FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 class ImageNormalize:
     """The transform PinnedLoader fuses into the copy of the first array:
     uint8 images (N, H, W, C) become ``(x * scale - mean) / std`` in `dtype`,
-    laid out as NCHW (default) or kept NHWC.
+    as (N, C, H, W) batches.  layout="NCHW" (default) writes them contiguous;
+    layout="NHWC" keeps the channels last in memory, with no transpose at all,
+    and hands them over in torch's ``channels_last`` memory format (shape
+    (N, C, H, W), ``is_contiguous(memory_format=torch.channels_last)``), which
+    is what a model converted with ``.to(memory_format=torch.channels_last)``
+    takes without copying.
 
     mean and std are per channel (a sequence with one value per channel, or a
     single number for all channels), in the units of ``x * scale``.
@@ -135,11 +142,12 @@ def _memory_source(array, index):
 
 def _memmap_file_source(array, index):
     """A np.memmap over a shared mapping of a file, rows back to back, is
-    read like a .npy path: with pread() from the file, whose page cache its
-    mapping shares.  Copying out of the mapping itself would kill the
-    process with SIGBUS the moment someone truncates the file; pread() gets
-    a short read that becomes an OSError.  None where that does not apply
-    (copy-on-write mode "c", strided rows, a file gone or replaced)."""
+    read like a .npy path: from the file, whose page cache its mapping
+    shares, through the loader's own mapping of it (csrc/loader.c), whose
+    copies are guarded: the SIGBUS of a file truncated under them becomes
+    an OSError instead of killing the process, as copying out of the
+    memmap itself would.  None where that does not apply (copy-on-write
+    mode "c", strided rows, a file gone or replaced)."""
     mm, filename = getattr(array, "_mmap", None), getattr(array, "filename", None)
     if (mm is None or filename is None or array.ndim < 1 or getattr(array, "mode", "c") not in ("r", "r+", "w+")
             or not array.flags.c_contiguous or not array.dtype.isnative or array.dtype.hasobject):
@@ -221,9 +229,12 @@ class PinnedLoader:
     torch.distributed each rank gets a disjoint shard of equal length (padded
     like torch's DistributedSampler).
 
-    A np.memmap (modes "r", "r+", "w+") is read from its file with pread(),
-    like a .npy path: a file truncated under a running epoch raises OSError
-    instead of killing the process with SIGBUS.  Threads may share one
+    A np.memmap (modes "r", "r+", "w+") is read from its file like a .npy
+    path, through a mapping the loader keeps from epoch to epoch (pread()
+    where the file cannot be mapped): a file truncated under a running epoch
+    raises OSError instead of killing the process with SIGBUS.  Batches come
+    from gpuaccel's memory pools and stay valid while you hold them; a loop
+    that drops each batch reuses the same few buffers.  Threads may share one
     epoch's iterator (they take turns; each batch goes to exactly one of
     them), and close() from any thread ends the epoch, waking a waiting
     next() with StopIteration.  After fork() the child starts epochs of its
@@ -234,6 +245,7 @@ class PinnedLoader:
                  prefetch=2, device=None, transform=None, rank=None, world_size=None, output="torch",
                  progress=False):
         self._sources, self.num_samples = _describe(arrays)
+        self._mappings = None  # the last epoch's mappings of the source files, for the next
         if not isinstance(batch_size, (int, np.integer)) or isinstance(batch_size, bool) or batch_size < 1:
             raise ValueError("batch_size must be a positive int, got %r" % (batch_size,))
         self.batch_size = int(batch_size)
@@ -313,9 +325,11 @@ class PinnedLoader:
     def __iter__(self):
         epoch, start = self._epoch, self._resume_batch
         self._epoch, self._resume_batch = epoch + 1, 0
+        mappings, self._mappings = self._mappings, None
         engine = _C._LoaderIter(
             list(self._sources), self.epoch_indices(epoch), self.batch_size, self.device, self.num_threads,
-            self.prefetch, self._transform_spec, start)
+            self.prefetch, self._transform_spec, start, mappings)
+        self._mappings = engine.mappings  # reused by the next epoch while they map the same files
         it = _EpochIterator(self, engine, epoch)
         self._current = (weakref.ref(it), epoch)
         return it

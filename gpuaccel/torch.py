@@ -1,15 +1,37 @@
-"""gpuaccel for torch: fused linear and conv2d layers as torch custom ops.
+"""gpuaccel for torch: fused linear and conv2d layers.
 
     import gpuaccel.torch as gt
     layer = gt.FusedLinear(1024, 4096, activation="gelu")   # nn.Linear + GELU(tanh)
     conv = gt.FusedConv2d(64, 128, 3, padding=1, activation="relu")
 
-The ops are registered with torch.library, so autograd, torch.compile
-(fullgraph, no graph break) and CUDA graphs work; they run on torch's current
-stream and write into tensors torch allocated.  Under torch.autocast they
-compute in the autocast dtype, as nn.Linear and nn.Conv2d do.  The modules
-take nn.Linear's / nn.Conv2d's arguments, initialisation and state_dict keys,
-so a checkpoint of the plain layers loads into them.
+Two paths compute the same thing:
+
+- eager (the training loop as written): a lean ``torch.autograd.Function``
+  around gpuaccel's C core, which reads torch tensors through torch's DLPack
+  C exchange API and queues its kernels on torch's current stream.  With no
+  gradient to record (``torch.no_grad()``, or no input that requires one) the
+  C core is called directly, with no autograd node at all.
+- traced (torch.compile, torch.export, torch.jit tracing, fake and meta
+  tensors, tensor subclasses): the ``torch.library`` custom ops
+  ``gpuaccel::linear`` / ``gpuaccel::conv2d`` with fake and autograd
+  implementations, so compiled graphs have no graph break and CUDA graphs
+  capture them.  Under ``torch.onnx.export`` the layers are written with
+  torch's standard ops, which every ONNX runtime knows.
+
+Why two: a custom op's Python dispatch costs tens of µs per call, more than a
+small layer's whole host budget; the Function path costs a few µs.
+
+On the CPU, above a size where torch's own kernels (oneDNN/MKL) beat
+gpuaccel's reference kernels, the eager path runs torch's kernels instead
+(``CPU_TORCH_THRESHOLD``, multiply-adds per call, by op): a fused layer is
+never slower than the torch layers it replaces.  gpuaccel's CPU kernels stay the tested reference and the
+path for small layers, NumPy and gpuaccel arrays.
+
+Under ``torch.autocast`` the layers compute in the autocast dtype, as
+nn.Linear and nn.Conv2d do.  The modules take nn.Linear's / nn.Conv2d's
+arguments, initialisation and state_dict keys, so a checkpoint of the plain
+layers loads into them; they accept what those accept (an unbatched conv
+input (C, H, W), a 1-D linear input).
 """
 
 import math
@@ -20,49 +42,128 @@ from torch import Tensor
 
 from . import _C
 
-__all__ = ["FusedConv2d", "FusedLinear", "fused_conv2d", "fused_linear"]
+__all__ = ["CPU_TORCH_THRESHOLD", "FusedConv2d", "FusedLinear", "fused_conv2d", "fused_linear"]
 
-_ACTIVATIONS = ("none", "relu", "gelu")
+_ACTIVATIONS = {None: "none", "none": "none", "relu": "relu", "gelu": "gelu"}
+_KERNEL_ACT = {"none": None, "relu": "relu", "gelu": "gelu"}  # as the C ops take it
+
+# Multiply-adds of one CPU call above which the eager path runs torch's own
+# kernels: where they overtake gpuaccel's reference kernels, fwd+bwd, as
+# `python benchmarks/bench_overhead.py --crossover` measured on a 2-core
+# x86-64 machine (RESULTS.md).  Below it, the cost of a call is host time,
+# where gpuaccel's single fused call is cheaper.
+CPU_TORCH_THRESHOLD = {"linear": 1 << 14, "conv2d": 1 << 19}
+
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+_is_compiling = torch.compiler.is_compiling
+_is_tracing = torch._C._is_tracing
+_is_autocast = torch.is_autocast_enabled
+_autocast_dtype = torch.get_autocast_dtype
+_grad_enabled = torch.is_grad_enabled
 
 
 def _activation(name):
-    name = "none" if name is None else name
-    if name not in _ACTIVATIONS:
-        raise ValueError("activation must be None, 'relu' or 'gelu' (tanh approximation), got %r" % (name,))
-    return name
+    try:
+        return _ACTIVATIONS[name]
+    except (KeyError, TypeError):
+        raise ValueError("activation must be None, 'relu' or 'gelu' (tanh approximation), got %r" % (name,)) from None
 
 
-def _stream(t):
-    return torch.cuda.current_stream(t.device).cuda_stream if t.is_cuda else None
+def _traced(x, weight):
+    """True when the call must go through the custom ops: compiling,
+    exporting, jit tracing, or tensors that are not plain torch tensors
+    holding data (fake, meta, subclasses)."""
+    return (_is_compiling() or _is_tracing() or type(x) not in _PLAIN_TENSORS or
+            type(weight) not in _PLAIN_TENSORS or x.is_meta)
 
 
-def _none_if_empty(t):
-    return None if t.numel() == 0 and t.dim() == 1 and t.shape[0] == 0 else t
+def _autocast(x, weight, bias):
+    """The inputs in the autocast dtype when autocast is on for x's device."""
+    device = "cuda" if x.is_cuda else ("cpu" if x.is_cpu else x.device.type)
+    if not _is_autocast(device):
+        return x, weight, bias
+    dtype = _autocast_dtype(device)
+    return (x.to(dtype) if x.is_floating_point() else x, weight.to(dtype),
+            None if bias is None else bias.to(dtype))
+
+
+def _needs_grad(x, weight, bias):
+    return _grad_enabled() and (x.requires_grad or weight.requires_grad or
+                                (bias is not None and bias.requires_grad))
+
+
+def _torch_activation(y, activation):
+    if activation == "relu":
+        return torch.relu(y)
+    if activation == "gelu":
+        return torch.nn.functional.gelu(y, approximate="tanh")
+    return y
 
 
 def _empty(like):
     return like.new_empty((0,))
 
 
-def _autocast(*tensors):
-    """The inputs in the autocast dtype when autocast is on for their device."""
-    device = next(t for t in tensors if t is not None).device.type
-    if not torch.is_autocast_enabled(device):
-        return tensors
-    dtype = torch.get_autocast_dtype(device)
-    return tuple(t if t is None or not t.is_floating_point() else t.to(dtype) for t in tensors)
-
-
 # ------------------------------------------------------------------ linear
+# The work, shared by the eager Function and the custom ops: outputs are
+# allocated by torch (its caching allocator, its stream bookkeeping), the
+# kernels run on torch's current stream.
+
+def _linear_forward(x, weight, bias, activation, keep_preactivation):
+    """(y, preactivation) — the pre-activation only for gelu when asked
+    (relu's derivative reads y; no activation reads nothing)."""
+    y = x.new_empty((*x.shape[:-1], weight.shape[0]))
+    if activation == "gelu" and keep_preactivation:
+        z = torch.empty_like(y)
+        _C.linear(x, weight, bias, "gelu", out=y, save_preactivation=True, preactivation_out=z, stream="torch")
+        return y, z
+    _C.linear(x, weight, bias, _KERNEL_ACT[activation], out=y, stream="torch")
+    return y, None
+
+
+def _empty_contiguous(t):
+    return torch.empty_like(t) if t.is_contiguous() else torch.empty_like(t, memory_format=torch.contiguous_format)
+
+
+def _linear_backward_into(grad_y, x, weight, aux, activation, need_x, need_w, need_b):
+    gx = _empty_contiguous(x) if need_x else None
+    gw = _empty_contiguous(weight) if need_w else None
+    gb = weight.new_empty(weight.shape[:1]) if need_b else None
+    _C.linear_backward(grad_y, x, weight, activation=_KERNEL_ACT[activation], preactivation=aux,
+                       needs_input_grad=need_x, needs_weight_grad=need_w, needs_bias_grad=need_b,
+                       out=(gx, gw, gb), stream="torch")
+    return gx, gw, gb
+
+
+def _no_double_backward():
+    if _grad_enabled():
+        raise RuntimeError("gpuaccel's fused layers have no double backward (create_graph=True); "
+                           "use torch's layers for higher-order gradients")
+
+
+class _LinearFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, activation):
+        y, z = _linear_forward(x, weight, bias, activation, True)
+        ctx.activation = activation
+        ctx.has_bias = bias is not None
+        ctx.save_for_backward(x, weight, z if activation == "gelu" else (y if activation == "relu" else None))
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        _no_double_backward()
+        x, weight, aux = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        gx, gw, gb = _linear_backward_into(grad_y, x, weight, aux, ctx.activation, need_x, need_w,
+                                           need_b and ctx.has_bias)
+        return gx, gw, gb, None
+
 
 @torch.library.custom_op("gpuaccel::linear", mutates_args=())
 def _linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], activation: str) -> Tuple[Tensor, Tensor]:
-    y = x.new_empty(x.shape[:-1] + (weight.shape[0],))
-    pre = x.new_empty(y.shape) if activation == "gelu" else _empty(x)
-    _C.linear(x, weight, bias, None if activation == "none" else activation, out=y,
-              save_preactivation=activation == "gelu", preactivation_out=pre if activation == "gelu" else None,
-              stream=_stream(x))
-    return y, pre
+    y, z = _linear_forward(x, weight, bias, activation, True)
+    return y, (z if z is not None else _empty(x))
 
 
 @_linear.register_fake
@@ -74,14 +175,8 @@ def _(x, weight, bias, activation):
 @torch.library.custom_op("gpuaccel::linear_backward", mutates_args=())
 def _linear_backward(grad_y: Tensor, x: Tensor, weight: Tensor, aux: Optional[Tensor], activation: str,
                      needs: List[bool]) -> Tuple[Tensor, Tensor, Tensor]:
-    gx = torch.empty_like(x, memory_format=torch.contiguous_format) if needs[0] else _empty(x)
-    gw = torch.empty_like(weight, memory_format=torch.contiguous_format) if needs[1] else _empty(weight)
-    gb = weight.new_empty((weight.shape[0],)) if needs[2] else _empty(weight)
-    _C.linear_backward(grad_y, x, weight, activation=None if activation == "none" else activation,
-                       preactivation=aux, needs_input_grad=needs[0], needs_weight_grad=needs[1],
-                       needs_bias_grad=needs[2], stream=_stream(x),
-                       out=(gx if needs[0] else None, gw if needs[1] else None, gb if needs[2] else None))
-    return gx, gw, gb
+    gx, gw, gb = _linear_backward_into(grad_y, x, weight, aux, activation, *needs)
+    return (gx if needs[0] else _empty(x), gw if needs[1] else _empty(weight), gb if needs[2] else _empty(weight))
 
 
 @_linear_backward.register_fake
@@ -96,8 +191,7 @@ def _linear_setup(ctx, inputs, output):
     y, pre = output
     ctx.activation = activation
     ctx.has_bias = bias is not None
-    aux = pre if activation == "gelu" else (y if activation == "relu" else None)
-    ctx.save_for_backward(x, weight, aux)
+    ctx.save_for_backward(x, weight, pre if activation == "gelu" else (y if activation == "relu" else None))
 
 
 def _linear_grad(ctx, grad_y, grad_pre):
@@ -110,10 +204,25 @@ def _linear_grad(ctx, grad_y, grad_pre):
 _linear.register_autograd(_linear_grad, setup_context=_linear_setup)
 
 
+def _linear_traced(x, weight, bias, activation):
+    if torch.onnx.is_in_onnx_export():
+        return _torch_activation(torch.nn.functional.linear(x, weight, bias), activation)
+    return _linear(x, weight, bias, activation)[0]
+
+
 def fused_linear(x, weight, bias=None, activation=None):
-    """act(x @ weight.T + bias) in one fused kernel (forward and backward)."""
-    x, weight, bias = _autocast(x, weight, bias)
-    return _linear(x, weight, bias, _activation(activation))[0]
+    """act(x @ weight.T + bias) in one fused kernel (forward and backward);
+    x of shape (..., in_features), also 1-D."""
+    activation = _activation(activation)
+    if _is_autocast("cuda" if x.is_cuda else "cpu"):
+        x, weight, bias = _autocast(x, weight, bias)
+    if _traced(x, weight):
+        return _linear_traced(x, weight, bias, activation)
+    if not x.is_cuda and x.numel() * weight.shape[0] > CPU_TORCH_THRESHOLD["linear"]:
+        return _torch_activation(torch.nn.functional.linear(x, weight, bias), activation)
+    if _needs_grad(x, weight, bias):
+        return _LinearFunction.apply(x, weight, bias, activation)
+    return _linear_forward(x, weight, bias, activation, False)[0]
 
 
 class FusedLinear(torch.nn.Module):
@@ -151,34 +260,69 @@ class FusedLinear(torch.nn.Module):
 
 # ------------------------------------------------------------------ conv2d
 
-def _channels_last(t):
-    return t.dim() == 4 and t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous()
-
-
 def _conv_out_shape(x, weight, stride, padding, dilation):
     n, _, h, w = x.shape
-    sizes = []
-    for size, k, s, p, d in zip((h, w), weight.shape[2:], stride, padding, dilation):
-        sizes.append((size + 2 * p - d * (k - 1) - 1) // s + 1)
-    return (n, weight.shape[0], sizes[0], sizes[1])
+    kh, kw = weight.shape[2], weight.shape[3]
+    return (n, weight.shape[0], (h + 2 * padding[0] - dilation[0] * (kh - 1) - 1) // stride[0] + 1,
+            (w + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1)
 
 
 def _conv_empty(x, shape):
-    fmt = torch.channels_last if _channels_last(x) else torch.contiguous_format
-    return torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=fmt)
+    """An output in x's memory order: channels-last in, channels-last out."""
+    if x.is_contiguous() or not x.is_contiguous(memory_format=torch.channels_last):
+        return x.new_empty(shape)
+    return torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
+
+
+def _conv_forward(x, weight, bias, stride, padding, dilation, groups, activation, keep_preactivation):
+    shape = _conv_out_shape(x, weight, stride, padding, dilation)
+    y = _conv_empty(x, shape)
+    if activation == "gelu" and keep_preactivation:
+        z = _conv_empty(x, shape)
+        _C.conv2d(x, weight, bias, stride=stride, padding=padding, dilation=dilation, groups=groups,
+                  activation="gelu", out=y, save_preactivation=True, preactivation_out=z, stream="torch")
+        return y, z
+    _C.conv2d(x, weight, bias, stride=stride, padding=padding, dilation=dilation, groups=groups,
+              activation=_KERNEL_ACT[activation], out=y, stream="torch")
+    return y, None
+
+
+def _conv_backward_into(grad_y, x, weight, aux, stride, padding, dilation, groups, activation, need_x, need_w,
+                        need_b):
+    gx = torch.empty_like(x) if need_x else None
+    gw = torch.empty_like(weight) if need_w else None
+    gb = weight.new_empty((weight.shape[0],)) if need_b else None
+    _C.conv2d_backward(grad_y, x, weight, stride=stride, padding=padding, dilation=dilation, groups=groups,
+                       activation=_KERNEL_ACT[activation], preactivation=aux, needs_input_grad=need_x,
+                       needs_weight_grad=need_w, needs_bias_grad=need_b, out=(gx, gw, gb), stream="torch")
+    return gx, gw, gb
+
+
+class _Conv2dFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, stride, padding, dilation, groups, activation):
+        y, z = _conv_forward(x, weight, bias, stride, padding, dilation, groups, activation, True)
+        ctx.geometry = (stride, padding, dilation, groups)
+        ctx.activation = activation
+        ctx.has_bias = bias is not None
+        ctx.save_for_backward(x, weight, z if activation == "gelu" else (y if activation == "relu" else None))
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        _no_double_backward()
+        x, weight, aux = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        gx, gw, gb = _conv_backward_into(grad_y, x, weight, aux, *ctx.geometry, ctx.activation, need_x, need_w,
+                                         need_b and ctx.has_bias)
+        return gx, gw, gb, None, None, None, None, None
 
 
 @torch.library.custom_op("gpuaccel::conv2d", mutates_args=())
 def _conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: List[int], padding: List[int],
             dilation: List[int], groups: int, activation: str) -> Tuple[Tensor, Tensor]:
-    shape = _conv_out_shape(x, weight, stride, padding, dilation)
-    y = _conv_empty(x, shape)
-    pre = _conv_empty(x, shape) if activation == "gelu" else _empty(x)
-    _C.conv2d(x, weight, bias, stride=tuple(stride), padding=tuple(padding), dilation=tuple(dilation),
-              groups=groups, activation=None if activation == "none" else activation, out=y,
-              save_preactivation=activation == "gelu", preactivation_out=pre if activation == "gelu" else None,
-              stream=_stream(x))
-    return y, pre
+    y, z = _conv_forward(x, weight, bias, tuple(stride), tuple(padding), tuple(dilation), groups, activation, True)
+    return y, (z if z is not None else _empty(x))
 
 
 @_conv2d.register_fake
@@ -191,16 +335,9 @@ def _(x, weight, bias, stride, padding, dilation, groups, activation):
 def _conv2d_backward(grad_y: Tensor, x: Tensor, weight: Tensor, aux: Optional[Tensor], stride: List[int],
                      padding: List[int], dilation: List[int], groups: int, activation: str,
                      needs: List[bool]) -> Tuple[Tensor, Tensor, Tensor]:
-    gx = torch.empty_like(x) if needs[0] else _empty(x)
-    gw = torch.empty_like(weight) if needs[1] else _empty(weight)
-    gb = weight.new_empty((weight.shape[0],)) if needs[2] else _empty(weight)
-    act = None if activation == "none" else activation
-    _C.conv2d_backward(grad_y, x, weight, stride=tuple(stride), padding=tuple(padding),
-                       dilation=tuple(dilation), groups=groups, activation=act, preactivation=aux,
-                       needs_input_grad=needs[0], needs_weight_grad=needs[1], needs_bias_grad=needs[2],
-                       stream=_stream(x),
-                       out=(gx if needs[0] else None, gw if needs[1] else None, gb if needs[2] else None))
-    return gx, gw, gb
+    gx, gw, gb = _conv_backward_into(grad_y, x, weight, aux, tuple(stride), tuple(padding), tuple(dilation),
+                                     groups, activation, *needs)
+    return (gx if needs[0] else _empty(x), gw if needs[1] else _empty(weight), gb if needs[2] else _empty(weight))
 
 
 @_conv2d_backward.register_fake
@@ -216,8 +353,7 @@ def _conv_setup(ctx, inputs, output):
     ctx.geometry = (stride, padding, dilation, groups)
     ctx.activation = activation
     ctx.has_bias = bias is not None
-    aux = pre if activation == "gelu" else (y if activation == "relu" else None)
-    ctx.save_for_backward(x, weight, aux)
+    ctx.save_for_backward(x, weight, pre if activation == "gelu" else (y if activation == "relu" else None))
 
 
 def _conv_grad(ctx, grad_y, grad_pre):
@@ -235,18 +371,46 @@ _conv2d.register_autograd(_conv_grad, setup_context=_conv_setup)
 
 def _pair(value, name):
     if isinstance(value, int) and not isinstance(value, bool):
-        return [value, value]
-    if isinstance(value, (tuple, list)) and len(value) == 2 and all(isinstance(v, int) for v in value):
-        return list(value)
+        return (value, value)
+    if isinstance(value, (tuple, list)) and len(value) == 2 and all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return tuple(value)
     raise ValueError("%s must be an int or a pair of ints, got %r" % (name, value))
+
+
+def _conv2d_batched(x, weight, bias, stride, padding, dilation, groups, activation):
+    if _traced(x, weight):
+        if torch.onnx.is_in_onnx_export():
+            y = torch.nn.functional.conv2d(x, weight, bias, stride, padding, dilation, groups)
+            return _torch_activation(y, activation)
+        return _conv2d(x, weight, bias, list(stride), list(padding), list(dilation), groups, activation)[0]
+    if not x.is_cuda:
+        n, k, p, q = _conv_out_shape(x, weight, stride, padding, dilation)
+        if n * k * p * q * (weight.numel() // k) > CPU_TORCH_THRESHOLD["conv2d"]:  # multiply-adds
+            y = torch.nn.functional.conv2d(x, weight, bias, stride, padding, dilation, groups)
+            return _torch_activation(y, activation)
+    if _needs_grad(x, weight, bias):
+        return _Conv2dFunction.apply(x, weight, bias, stride, padding, dilation, groups, activation)
+    return _conv_forward(x, weight, bias, stride, padding, dilation, groups, activation, False)[0]
+
+
+def _conv2d_checked(x, weight, bias, stride, padding, dilation, groups, activation):
+    """fused_conv2d once its geometry is normalized (tuples of ints)."""
+    if _is_autocast("cuda" if x.is_cuda else "cpu"):
+        x, weight, bias = _autocast(x, weight, bias)
+    if x.dim() == 4:
+        return _conv2d_batched(x, weight, bias, stride, padding, dilation, groups, activation)
+    if x.dim() == 3:
+        return _conv2d_batched(x.unsqueeze(0), weight, bias, stride, padding, dilation, groups, activation).squeeze(0)
+    raise ValueError("fused_conv2d: x must be (N, C, H, W) or unbatched (C, H, W), got shape %s" % (tuple(x.shape),))
 
 
 def fused_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, activation=None):
     """act(conv2d(x, weight) + bias) in one fused call (forward and
-    backward); x in NCHW or channels-last memory, the result following it."""
-    x, weight, bias = _autocast(x, weight, bias)
-    return _conv2d(x, weight, bias, _pair(stride, "stride"), _pair(padding, "padding"), _pair(dilation, "dilation"),
-                   int(groups), _activation(activation))[0]
+    backward); x of shape (N, C, H, W) in NCHW or channels-last memory (the
+    result follows it), or unbatched (C, H, W)."""
+    return _conv2d_checked(x, weight, bias, _pair(stride, "stride"), _pair(padding, "padding"),
+                           _pair(dilation, "dilation"), int(groups), _activation(activation))
 
 
 class FusedConv2d(torch.nn.Conv2d):
@@ -263,11 +427,12 @@ class FusedConv2d(torch.nn.Conv2d):
                          dilation=dilation, groups=groups, bias=bias, padding_mode=padding_mode, device=device,
                          dtype=dtype)
         self.activation = _activation(activation)
-        self._pads = self._explicit_padding()
+        # (stride, padding, dilation) as the C op takes them, normalized once
+        self._geometry = (tuple(self.stride), self._explicit_padding(), tuple(self.dilation))
 
     def _explicit_padding(self):
         if self.padding == "valid":
-            return [0, 0]
+            return (0, 0)
         if self.padding == "same":
             pads = []
             for k, d in zip(self.kernel_size, self.dilation):
@@ -276,12 +441,12 @@ class FusedConv2d(torch.nn.Conv2d):
                     raise ValueError("FusedConv2d: padding='same' needs an odd dilated kernel (got kernel %s, "
                                      "dilation %s); give the padding explicitly" % (self.kernel_size, self.dilation))
                 pads.append(span // 2)
-            return pads
-        return list(self.padding)
+            return tuple(pads)
+        return tuple(self.padding)
 
     def forward(self, x):
-        return fused_conv2d(x, self.weight, self.bias, list(self.stride), self._pads, list(self.dilation),
-                            self.groups, self.activation)
+        return _conv2d_checked(x, self.weight, self.bias, self._geometry[0], self._geometry[1], self._geometry[2],
+                               self.groups, self.activation)
 
     def extra_repr(self):
         return super().extra_repr() + ", activation=%s" % self.activation

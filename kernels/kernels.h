@@ -426,6 +426,9 @@ typedef struct {
     ga_dtype dtype;
     int64_t n, h, w, c;
     int nchw;
+    /* CPU: run on the calling thread only (its caller, the loader, already
+     * splits the work between threads); otherwise the CPU worker pool */
+    int in_caller;
     double scale[GA_NORMALIZE_MAX_CHANNELS];
     double shift[GA_NORMALIZE_MAX_CHANNELS];
 } ga_normalize_desc;

@@ -32,8 +32,23 @@ def test_gpu_batches_equal_cpu_batches_bit_for_bit(rng, dtype, layout):
     assert len(cpu) == len(gpu)
     for (cx, cy), (gx, gy) in zip(cpu, gpu):
         assert gx.device == "cuda:0" and gx.dtype == dtype
+        assert gx.shape == cx.shape == (len(cy.numpy()), 3, 32, 32) and gx.strides == cx.strides
+        if layout == "NHWC":  # channels last in memory, shown as (N, C, H, W)
+            assert gx.strides[1] == gx.itemsize and gx.strides[3] == 3 * gx.itemsize
         assert gx.numpy().tobytes() == cx.numpy().tobytes()
         assert gy.numpy().tobytes() == cy.numpy().tobytes()
+
+
+@pytest.mark.gpu
+def test_channels_last_torch_tensors_on_the_gpu(rng):
+    x, y = data(rng, 300)
+    t = ga.ImageNormalize([0.4, 0.5, 0.6], [0.2, 0.3, 0.25], dtype="bfloat16", layout="NHWC")
+    for xb, yb in ga.PinnedLoader([x, y], 64, shuffle=True, transform=t):
+        assert xb.is_cuda and tuple(xb.shape) == (len(yb), 3, 32, 32)
+        assert xb.is_contiguous(memory_format=torch.channels_last)
+        want = (x[yb.cpu().numpy()] / 255.0 - np.array([0.4, 0.5, 0.6])) / np.array([0.2, 0.3, 0.25])
+        got = xb.float().cpu().numpy().transpose(0, 2, 3, 1)
+        np.testing.assert_allclose(got, want, atol=0.02, rtol=0.01)
 
 
 @pytest.mark.gpu

@@ -3,8 +3,9 @@ torch tensors: the stream torch names, its 0 as the legacy default stream,
 and a failure to name one raised, never dropped.
 
 Each scenario runs in a child process that replaces torch's stream lookup
-(torch._C._cuda_getCurrentRawStream) before gpuaccel first looks torch up
-and keeps it, so that the scenario decides what torch answers.  Its CUDA
+(torch._C._cuda_getCurrentRawStream, which gpuaccel asks when torch's DLPack
+C exchange table is switched off: GPUACCEL_NO_DLPACK_EXCHANGE=1) before
+gpuaccel first looks torch up and keeps it, so that the scenario decides what torch answers.  Its CUDA
 torch tensors are torch.Tensor subclasses that report cuda:0 and lie over
 a gpuaccel array's device memory; on the simulator (GPUACCEL_SIM=1) an
 access on a stream not ordered after the one that wrote that memory is an
@@ -21,8 +22,14 @@ pytestmark = pytest.mark.cuda
 pytest.importorskip("torch")
 
 PRELUDE = """
+import os
+
 import numpy as np
 import torch
+
+# torch's stream lookup through torch._C, which the scenario replaces, not
+# through torch's DLPack C exchange table (whose answer it cannot change)
+os.environ["GPUACCEL_NO_DLPACK_EXCHANGE"] = "1"
 
 ANSWER = None   # what torch's stream lookup answers: a handle, or an exception to raise
 

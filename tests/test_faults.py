@@ -370,6 +370,45 @@ def test_memmap_source_truncated_while_loading(tmp_path):
     FAULTS["memmap_truncations"] = 1
 
 
+PARTIAL_PAGE_SCRIPT = """
+import os, sys
+import numpy as np, gpuaccel as ga
+
+path = sys.argv[1]
+x = (np.arange(6000 * 16, dtype=np.int64).reshape(6000, 16) % 250 + 1).astype(np.uint8)  # no zero byte
+np.save(path, x)
+header = os.path.getsize(path) - x.nbytes
+assert (header + 1528 * 16) % 4096 == 0  # a page starts at row 1528
+loader = ga.PinnedLoader([path, np.arange(6000)], 4, num_threads=1, prefetch=0, output="gpuaccel")
+it = iter(loader)
+assert it._engine.mappings[0] is not None, "the file is not read through a mapping"
+next(it)
+# cut inside row 1510: the rest of its page reads as zeros (no SIGBUS), the
+# pages after it fault; batches 378 to 381 (rows 1512 to 1527) lie wholly in
+# the zeros
+os.truncate(path, header + 1510 * 16 + 5)
+delivered = 1
+try:
+    for xb, ib in it:
+        assert np.array_equal(xb.numpy(), x[ib.numpy()]), "batch %d holds wrong rows" % delivered
+        delivered += 1
+    print("finished", delivered)
+except OSError as e:
+    print("raised at batch", delivered, e)
+"""
+
+
+def test_file_cut_inside_a_page_raises_instead_of_reading_zeros(tmp_path):
+    """Rows copied out of a mapping past a truncation inside the file's last
+    page read as zeros instead of faulting: the loader notices anyway."""
+    result = run_script(PARTIAL_PAGE_SCRIPT, tmp_path / "cut.npy", timeout=60)
+    assert_clean(result)
+    out = result.stdout.strip()
+    assert out.startswith("raised at batch") and "cut.npy" in out and "truncated" in out, out
+    assert int(out.split()[3]) <= 1510 // 4, out
+    FAULTS["cut_inside_a_page"] = 1
+
+
 # ====================================================== (c) worker errors
 
 def _image_file(tmp_path, n=300):
@@ -659,6 +698,73 @@ assert sum(len(yb.numpy()) for _, yb in loader) == 500
 print("children", bad)
 sys.exit(1 if bad else 0)
 """
+
+
+POOL_FORK_SCRIPT = """
+import os, sys
+import numpy as np, gpuaccel as ga, torch
+
+rng = np.random.default_rng(5)
+x = rng.integers(0, 256, (700, 24, 24, 3), dtype=np.uint8)
+path = os.path.join(sys.argv[1], "x.npy")
+np.save(path, x)
+mean, std = [0.4, 0.5, 0.6], [0.2, 0.3, 0.25]
+loader = ga.PinnedLoader([path, np.arange(700)], 64, shuffle=True, num_threads=2, prefetch=2,
+                         transform=ga.ImageNormalize(mean, std, dtype="float32", layout="NHWC"))
+
+def reference(idx):
+    return ((x[idx] / 255.0 - np.array(mean)) / np.array(std)).transpose(0, 3, 1, 2)
+
+def check(batches, what):
+    for xb, ib in batches:
+        if not np.allclose(xb.numpy(), reference(ib.numpy()), atol=1e-5):
+            return ["%s: a batch differs" % what]
+    return []
+
+for _ in range(2):                         # the pool holds freed batches now
+    for xb, ib in loader:
+        pass
+kept = [b for _, b in zip(range(3), loader)]  # batches alive across the fork
+it = iter(loader)                          # and an epoch running, its ring full
+next(it)
+pid = os.fork()
+if pid == 0:
+    errors = check(kept, "inherited kept batch")
+    try:
+        next(it)
+        errors.append("the parent's epoch ran in the child")
+    except RuntimeError:
+        pass
+    del it
+    for epoch in range(3):                 # new epochs in the child reuse the inherited pool
+        batches = list(loader)
+        errors += check(batches, "child epoch %d" % epoch)
+        for xb, _ in batches:
+            xb.fill_(-1.0)                 # the child's writes must stay in the child
+    del kept
+    errors += check(list(loader), "child after dropping the inherited batches")
+    print("\\n".join(errors), file=sys.stderr, flush=True)
+    sys.exit(1 if errors else 0)
+for xb, ib in it:                          # the parent meanwhile finishes its epoch
+    pass
+_, status = os.waitpid(pid, 0)
+errors = check(kept, "parent's kept batch after the child ran")
+for epoch in range(2):
+    errors += check(list(loader), "parent epoch %d" % epoch)
+print("child", status, "errors", errors)
+sys.exit(1 if status or errors else 0)
+"""
+
+
+def test_fork_with_pooled_batches_alive(tmp_path):
+    """Pooled batch memory across fork(): the child gets its own copy of the
+    pool and of the batches alive at the fork; neither process sees the
+    other's writes, frees the other's memory twice, or hands out memory a
+    batch still uses."""
+    result = run_script(POOL_FORK_SCRIPT, tmp_path, timeout=120)
+    assert_clean(result)
+    assert "child 0 errors []" in result.stdout, result.stdout + result.stderr[-2000:]
+    FAULTS["pool_fork"] = 1
 
 
 def test_fork_after_use_child_works_on_the_cpu():

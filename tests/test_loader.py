@@ -139,18 +139,20 @@ def test_normalize_matches_float64_reference(rng, dtype, layout):
     t = ga.ImageNormalize(mean, std, dtype=dtype, layout=layout)
     batches = list(ga.PinnedLoader([x, y], 16, transform=t, output="gpuaccel"))
     got = np.concatenate([b[0].astype("float64").numpy() for b in batches])
-    ref = (x.astype(np.float64) / 255.0 - np.array(mean)) / np.array(std)
-    if layout == "NCHW":
-        ref = ref.transpose(0, 3, 1, 2)
-    assert batches[0][0].dtype == dtype and got.shape == ref.shape
+    ref = ((x.astype(np.float64) / 255.0 - np.array(mean)) / np.array(std)).transpose(0, 3, 1, 2)
+    assert batches[0][0].dtype == dtype and got.shape == ref.shape  # (N, C, H, W) in both layouts
     assert_close(got, ref, dtype, scale=4.0 if dtype == "float32" else 1.0)
+    n, itemsize = batches[0][0].shape[0], batches[0][0].itemsize
+    c, h, w = 3, 9, 7
+    expected = (c * h * w, h * w, w, 1) if layout == "NCHW" else (h * w * c, 1, w * c, c)
+    assert batches[0][0].strides == tuple(itemsize * s for s in expected) and n == 16
 
 
 def test_normalize_scalar_mean_and_other_scale(rng):
     x, y = dataset(rng, 10, image=(2, 2, 1))
     t = ga.ImageNormalize(0.5, 2.0, dtype="float32", layout="NHWC", scale=1.0)
     got = next(iter(ga.PinnedLoader([x, y], 10, transform=t, output="gpuaccel")))[0].numpy()
-    np.testing.assert_allclose(got, (x.astype(np.float64) - 0.5) / 2.0, rtol=1e-6)
+    np.testing.assert_allclose(got, ((x.astype(np.float64) - 0.5) / 2.0).transpose(0, 3, 1, 2), rtol=1e-6)
 
 
 def test_npy_paths_and_memmap(rng, tmp_path):
@@ -336,3 +338,261 @@ def test_numpy_dtypes_of_bfloat16_output(rng):
     x, y = dataset(rng, 8)
     xb, _ = next(iter(ga.PinnedLoader([x, y], 8, transform=ga.ImageNormalize(0, 1), output="gpuaccel")))
     assert xb.numpy().dtype == numpy_dtype("bfloat16")
+
+
+# ------------------------------------------- batch memory from the host pool
+
+def normalized(x, mean, std):
+    """float64 reference of ImageNormalize(mean, std), (N, C, H, W)."""
+    return ((x.astype(np.float64) / 255.0 - np.array(mean)) / np.array(std)).transpose(0, 3, 1, 2)
+
+
+MEAN, STD = [0.3, 0.5, 0.7], [0.2, 0.25, 0.3]
+
+
+def test_kept_batches_stay_valid_while_dropped_ones_are_reused(rng):
+    """Batches big enough for the pageable pool (>= 64 KiB): a loop that
+    keeps some batches and drops the others.  The dropped ones' memory comes
+    back in later batches and epochs; a kept one's never does while it is
+    held, and every kept batch still holds its values at the end."""
+    x, y = dataset(rng, 333, image=(17, 15, 3))  # 255 pixels: the vector loops leave a tail
+    position = {label: i for i, label in enumerate(y)}
+    loader = ga.PinnedLoader([x, y], 32, shuffle=True, num_threads=3, prefetch=1, output="gpuaccel",
+                             transform=ga.ImageNormalize(MEAN, STD, dtype="float32"))
+    kept, kept_ptrs, ptrs = [], set(), []
+    for epoch in range(4):
+        for k, (xb, yb) in enumerate(loader):
+            assert xb.data_ptr not in kept_ptrs, "a kept batch's memory was handed out again"
+            ptrs.append(xb.data_ptr)
+            if k % 4 == epoch:
+                kept.append((xb, yb))
+                kept_ptrs.add(xb.data_ptr)
+    assert len(set(ptrs)) < len(ptrs) - len(kept), "dropped batches' memory was not reused"
+    assert ga.memory_stats("cpu")["pageable_cached_bytes"] > 0
+    for xb, yb in kept:
+        rows = [position[label] for label in yb.numpy()]
+        assert_close(xb.numpy(), normalized(x[rows], MEAN, STD), "float32", scale=4.0)
+
+
+def test_kept_torch_batches_stay_valid(rng):
+    """The same through torch: the DLPack deleter hands the memory back when
+    the tensor dies, not before."""
+    torch = pytest.importorskip("torch")
+    x, y = dataset(rng, 200, image=(16, 16, 3))
+    position = {label: i for i, label in enumerate(y)}
+    loader = ga.PinnedLoader([x, y], 24, shuffle=True, num_threads=2,
+                             transform=ga.ImageNormalize(MEAN, STD, dtype="float32", layout="NHWC"))
+    kept = []
+    for _ in range(3):
+        for k, (xb, yb) in enumerate(loader):
+            assert isinstance(xb, torch.Tensor) and xb.is_contiguous(memory_format=torch.channels_last)
+            if k in (1, 4):
+                kept.append((xb, yb))
+            xb.add_(1000.0)  # the consumer writes its batch: a kept one must not see later writes
+    for xb, yb in kept:
+        rows = [position[label] for label in yb.numpy()]
+        assert_close(xb.numpy() - 1000.0, normalized(x[rows], MEAN, STD), "float32", scale=2e4)
+
+
+def test_close_with_batches_alive(rng):
+    """close() mid-epoch returns the ring's memory; batches the user holds
+    stay valid through the next epochs, which reuse that memory; all of it
+    is accounted for once they are dropped."""
+    x, y = dataset(rng, 300, image=(19, 13, 3))
+    position = {label: i for i, label in enumerate(y)}
+    loader = ga.PinnedLoader([x, y], 40, shuffle=True, num_threads=2, prefetch=3, output="gpuaccel",
+                             transform=ga.ImageNormalize(MEAN, STD, dtype="bfloat16"))
+    run(loader)  # warm the pool
+    base = ga.memory_stats("cpu")["allocated_bytes"]
+    it = iter(loader)
+    held = [next(it), next(it)]
+    loader.close()
+    assert list(it) == []
+    for _ in range(2):
+        for xb, yb in loader:
+            rows = [position[label] for label in yb.numpy()]
+            assert_close(xb.astype("float64").numpy(), normalized(x[rows], MEAN, STD), "bfloat16")
+    for xb, yb in held:
+        rows = [position[label] for label in yb.numpy()]
+        assert_close(xb.astype("float64").numpy(), normalized(x[rows], MEAN, STD), "bfloat16")
+    del held, xb, yb
+    assert ga.memory_stats("cpu")["allocated_bytes"] == base
+
+
+FAULTS_SCRIPT = """
+import resource, sys
+import numpy as np, gpuaccel as ga
+
+x = np.random.default_rng(0).integers(0, 256, (1280, 64, 64, 3), dtype=np.uint8)
+loader = ga.PinnedLoader([x], 64, shuffle=True, num_threads=2, output="gpuaccel",
+                         transform=ga.ImageNormalize(0.5, 0.25, dtype="float32"))
+for _ in range(2):  # warm: the pool, the workers' buffers
+    for (xb,) in loader:
+        pass
+del xb
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(3):
+    for (xb,) in loader:  # a training loop drops each batch
+        pass
+del xb
+faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+print(faults, 3 * 20 * 64 * 64 * 64 * 3 * 4 // 4096)
+"""
+
+
+def run_script_words(script, env=None):
+    """The words `script` prints, run in a fresh interpreter with `env`."""
+    result = run_python("-c", textwrap.dedent(script), env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout.split()
+
+
+def test_dropped_batches_fault_in_no_new_pages():
+    """Every batch of three epochs lands in memory whose pages are already
+    there: far fewer minor faults than the pages the batches span (with
+    freed blocks going back to the system, every page faults again)."""
+    faults, pages = (int(v) for v in run_script_words(FAULTS_SCRIPT))
+    assert faults < pages // 20, "%d minor faults for %d pages of batches" % (faults, pages)
+
+
+BOUND_SCRIPT = """
+import numpy as np, gpuaccel as ga
+
+x = np.random.default_rng(1).integers(0, 256, (600, 32, 32, 3), dtype=np.uint8)
+loader = ga.PinnedLoader([x], 40, num_threads=2, output="gpuaccel",
+                         transform=ga.ImageNormalize(0.5, 0.25, dtype="float32"))
+base = ga.memory_stats("cpu")["allocated_bytes"]
+kept = [b for b in loader]                   # the user keeps a whole epoch: 15 batches of 480 KiB
+stats = ga.memory_stats("cpu")
+assert stats["allocated_bytes"] - base >= 15 * 40 * 32 * 32 * 3 * 4, stats
+for k, (xb,) in enumerate(kept):
+    np.testing.assert_allclose(xb.numpy()[:, 0], (x[40 * k:40 * (k + 1), :, :, 0] / 255 - 0.5) / 0.25, atol=1e-6)
+del kept, xb
+stats = ga.memory_stats("cpu")
+assert stats["allocated_bytes"] == base, stats
+print(stats["pageable_cached_bytes"], stats["pageable_cache_limit_bytes"])
+ga.empty_cache()
+print(ga.memory_stats("cpu")["pageable_cached_bytes"])
+"""
+
+
+@pytest.mark.parametrize("limit", [0, 1 << 20, None])
+def test_pool_is_bounded(limit):
+    """Dropping a kept epoch all at once: what the pool keeps stays under its
+    bound ($GPUACCEL_HOST_CACHE_BYTES, 0: none), the rest goes back to the
+    system; empty_cache() returns the rest."""
+    env = {} if limit is None else {"GPUACCEL_HOST_CACHE_BYTES": str(limit)}
+    cached, bound, after_empty = (int(v) for v in run_script_words(BOUND_SCRIPT, env))
+    if limit is not None:
+        assert bound == limit
+    assert cached <= bound and after_empty == 0
+    if limit is None:
+        assert cached >= 5 * 40 * 32 * 32 * 3 * 4  # the default bound keeps more than a few batches
+
+
+# ------------------------------------------------------- channels_last output
+
+def test_channels_last_torch_tensors(rng):
+    torch = pytest.importorskip("torch")
+    x, y = dataset(rng, 50, image=(6, 9, 3))
+    loader = ga.PinnedLoader([x, y], 16, transform=ga.ImageNormalize(MEAN, STD, dtype="float32", layout="NHWC"))
+    for xb, yb in loader:
+        assert tuple(xb.shape) == (len(yb), 3, 6, 9) and xb.is_contiguous(memory_format=torch.channels_last)
+        assert not xb.is_contiguous()
+        rows = [int(np.where(y == label)[0][0]) for label in yb.numpy()]
+        assert_close(xb.numpy(), normalized(x[rows], MEAN, STD), "float32", scale=4.0)
+        conv = torch.nn.Conv2d(3, 4, 3).to(memory_format=torch.channels_last)
+        assert conv(xb).is_contiguous(memory_format=torch.channels_last)  # what a channels_last model takes
+
+
+# -------------------------------------------- the transform, bit for bit
+
+def exact_table(multiplier, offset, dtype):
+    """out[ch][v]: fma(v, scale, shift) rounded once to float32 (float64 for a
+    float64 output), then to the dtype, nearest even — computed in rational
+    arithmetic, independent of the code under test."""
+    from fractions import Fraction
+
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+
+    def nearest_f32(q):
+        f = np.float32(float(q))
+        candidates = [np.nextafter(f, np.float32(-np.inf)), f, np.nextafter(f, np.float32(np.inf))]
+        return min(candidates, key=lambda c: (abs(Fraction(float(c)) - q),
+                                               int(np.array(c).view(np.uint32)) & 1))
+
+    table = []
+    for m, o in zip(multiplier, offset):
+        if dtype == "float64":
+            row = [float(Fraction(v) * Fraction(m) + Fraction(o)) for v in range(256)]
+            table.append(np.array(row, dtype=np.float64))
+            continue
+        s, t = Fraction(float(np.float32(m))), Fraction(float(np.float32(o)))
+        row = np.array([nearest_f32(Fraction(v) * s + t) for v in range(256)], dtype=np.float32)
+        target = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}[dtype]
+        table.append(row.astype(target))
+    return np.stack(table)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("image", [(7, 9, 3), (16, 16, 3), (5, 13, 1), (6, 7, 4), (3, 11, 5)])
+def test_normalize_bits_match_a_rational_reference(rng, dtype, layout, image):
+    """Vector loops (AVX2 where the CPU has it) and table lookups for what
+    they leave over, in every layout, channel count and dtype: the same bits
+    as the one formula, rounded exactly."""
+    x, y = dataset(rng, 37, image=image)
+    c = image[2]
+    mean = list(rng.uniform(0.0, 1.0, c))
+    std = list(rng.uniform(0.05, 0.5, c))
+    t = ga.ImageNormalize(mean, std, dtype=dtype, layout=layout)
+    table = exact_table(*t._spec(c)[:2], dtype)
+    batches = list(ga.PinnedLoader([x, y], 10, transform=t, output="gpuaccel", num_threads=2))
+    got = np.concatenate([b[0].numpy() for b in batches])
+    channels = np.arange(c).reshape(1, 1, 1, c)
+    want = table[channels, x].transpose(0, 3, 1, 2)
+    bits = {2: np.uint16, 4: np.uint32, 8: np.uint64}[want.dtype.itemsize]
+    assert got.shape == want.shape and got.dtype == want.dtype
+    mismatch = np.ascontiguousarray(got).view(bits) != np.ascontiguousarray(want).view(bits)
+    assert not mismatch.any(), "%d of %d elements differ" % (mismatch.sum(), mismatch.size)
+
+
+# --------------------------------------------- files read through a mapping
+
+def test_file_replaced_between_epochs_is_read_anew(rng, tmp_path):
+    """Each epoch maps a file only while it is the file at that path: one
+    renamed over it is read from then on, and an unchanged one keeps its
+    mapping (and its already mapped pages) from epoch to epoch."""
+    path = tmp_path / "x.npy"
+    x, y = dataset(rng, 300, image=(8, 8, 3))
+    np.save(path, x)
+    loader = ga.PinnedLoader([str(path), np.arange(300)], 32, shuffle=True, output="gpuaccel")
+    for _ in range(2):
+        for xb, ib in loader:
+            np.testing.assert_array_equal(xb.numpy(), x[ib.numpy()])
+    first = loader._mappings[0]
+    assert first is not None and loader._mappings[1] is None  # the in-memory array needs none
+    assert len(run(loader)) == len(loader)
+    assert loader._mappings[0] is first
+    x2 = 255 - x
+    np.save(tmp_path / "new.npy", x2)
+    os.replace(tmp_path / "new.npy", path)
+    for _ in range(2):
+        for xb, ib in loader:
+            np.testing.assert_array_equal(xb.numpy(), x2[ib.numpy()])
+    assert loader._mappings[0] is not first
+
+
+def test_memmap_written_between_epochs(rng, tmp_path):
+    """An r+ memmap shares the page cache with the loader's mapping: what
+    the user writes through it is what the next epoch reads."""
+    path = tmp_path / "x.npy"
+    x, _ = dataset(rng, 100, image=(4, 4, 3))
+    np.save(path, x)
+    mm = np.load(path, mmap_mode="r+")
+    loader = ga.PinnedLoader([mm, np.arange(100)], 16, output="gpuaccel")
+    assert len(run(loader)) == 7
+    mm[::3] = 7
+    x[::3] = 7
+    for xb, ib in loader:
+        np.testing.assert_array_equal(xb.numpy(), x[ib.numpy()])

@@ -470,9 +470,9 @@ def test_loader_normalizes_on_the_device():
             for epoch in range(2):
                 for x, y in loader:
                     idx = y.numpy()
-                    want = (imgs[idx] / 255.0 - np.array(mean)) / np.array(std)
-                    if layout == "NCHW":
-                        want = want.transpose(0, 3, 1, 2)
+                    want = ((imgs[idx] / 255.0 - np.array(mean)) / np.array(std)).transpose(0, 3, 1, 2)
+                    if layout == "NHWC":  # (N, C, H, W) with the channels last in memory
+                        assert x.strides[1] == x.itemsize and x.strides[3] == 3 * x.itemsize
                     with side:                      # consumed on another stream
                         got = x.astype("float64")
                     np.testing.assert_allclose(got.numpy(), want, rtol=tol, atol=tol)
