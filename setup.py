@@ -12,7 +12,10 @@ Environment:
   GPUACCEL_NO_CUDA=1   build without CUDA
   GPUACCEL_SANITIZE=1  build the C code with AddressSanitizer + UBSan
   GPUACCEL_SIM=1       test build: no CUDA, a simulated runtime that checks
-                       stream ordering instead (kernels/sim.c)
+                       stream ordering instead (kernels/sim.c), whose kernels
+                       are kernels/cuda's own, compiled by the host C++
+                       compiler (CXX, else g++) through kernels/cudacpu; it
+                       needs the CUDA toolkit's headers (CUDA_HOME), not nvcc
   GPUACCEL_JOBS        parallel compile jobs (default: the CPU count)
   CUDNN_HOME           where cuDNN is, when not beside the CUDA toolkit
 """
@@ -41,6 +44,11 @@ C_SOURCES = sorted(
     glob.glob(_rel("csrc", "*.c")) + [_rel("kernels", "layout.c")] + glob.glob(_rel("kernels", "cpu", "*.c"))
 )
 CU_SOURCES = sorted(glob.glob(_rel("kernels", "cuda", "*.cu")))
+# The simulator build runs the files of kernels/cuda that define kernels
+# on the CPU (kernels/cudacpu); the others call cuBLASLt, cuDNN or the
+# CUDA runtime, which kernels/sim.c stands in for.
+SIM_CU_SOURCES = [s for s in CU_SOURCES if "__global__" in open(os.path.join(ROOT, s)).read()]
+CUDACPU_SOURCES = [_rel("kernels", "cudacpu", "fiber.cpp"), _rel("kernels", "cudacpu", "cudart.cpp")]
 HEADERS = sorted(
     glob.glob(_rel("csrc", "*.h")) + glob.glob(_rel("kernels", "*.h")) + glob.glob(_rel("kernels", "*", "*.h"))
     + glob.glob(_rel("kernels", "cuda", "*.cuh"))
@@ -78,6 +86,42 @@ def _find_nvcc():
     if os.path.isfile("/usr/local/cuda/bin/nvcc"):
         return "/usr/local/cuda/bin/nvcc"
     return None
+
+
+def _cuda_headers():
+    """The CUDA toolkit's include folder with the runtime API and the host
+    implementations of the half types, for the simulator build."""
+    homes = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
+    nvcc = _find_nvcc()
+    if nvcc:
+        homes.append(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))))
+    dirs = [os.path.join(h, "include") for h in homes if h]
+    dirs += [os.path.join(s, "nvidia", "cu13", "include") for s in _site_dirs()]
+    for d in dirs:
+        if all(os.path.exists(os.path.join(d, h)) for h in ("cuda_runtime.h", "cuda_fp16.h", "cuda_bf16.h")):
+            return d
+    return None
+
+
+def _sim_cxx_jobs(cflags):
+    """(source, command) for the simulator build's C++: kernels/cuda's
+    files with kernels, through kernels/cudacpu with their entry points
+    renamed for kernels/sim.c (kernels/cudacpu/sim_names.h), and the
+    layer itself."""
+    cxx = os.environ.get("CXX") or shutil.which("g++")
+    cuda_headers = _cuda_headers()
+    if not cxx or not cuda_headers:
+        raise RuntimeError(
+            "GPUACCEL_SIM=1 compiles kernels/cuda with the host C++ compiler through kernels/cudacpu: "
+            "it needs g++ (or CXX) and the CUDA toolkit's headers (cuda_runtime.h, cuda_fp16.h, "
+            "cuda_bf16.h; set CUDA_HOME), and found %s" % ("no C++ compiler" if not cxx else "no CUDA headers"))
+    _say("simulator: kernels/cuda runs on the CPU through kernels/cudacpu (%s)" % cxx)
+    flags = [f for f in cflags if f != "-std=c11"] + [
+        "-std=c++17", "-fPIC", "-Wno-unknown-pragmas", "-I" + ROOT, "-I" + cuda_headers]
+    through_layer = ["-include", os.path.join(ROOT, "kernels", "cudacpu", "cudacpu.h"),
+                     "-include", os.path.join(ROOT, "kernels", "cudacpu", "sim_names.h"), "-x", "c++"]
+    return [(src, [cxx] + flags + through_layer) for src in SIM_CU_SOURCES] + [
+        (src, [cxx] + flags) for src in CUDACPU_SOURCES]
 
 
 def _find_file(dirs, patterns):
@@ -230,22 +274,34 @@ class BuildExt(build_ext):
                 extra_postargs=cflags, depends=depends,
             )[0]
 
+        def stale(src, obj):
+            return self.force or not os.path.exists(obj) or any(
+                os.path.getmtime(f) > os.path.getmtime(obj) for f in [src] + depends)
+
         def compile_cu(src):
             obj = os.path.join(build_temp, src.replace(os.sep, "_") + ".o")
             cmd = [cuda.nvcc, "-c", src, "-o", obj, "-std=c++17", "-O3", "-lineinfo",
                    "-Xcompiler", "-fPIC", "-Xcompiler", "-fvisibility=hidden",
                    '-DGPUACCEL_CUDA_ARCHS="%s"' % ";".join(cuda.archs)]
             cmd += ["-I" + ROOT] + ["-I" + d for d in cuda.include_dirs] + cuda.gencode_flags()
-            if self.force or not os.path.exists(obj) or any(
-                os.path.getmtime(f) > os.path.getmtime(obj) for f in [src] + depends
-            ):
+            if stale(src, obj):
                 _say("nvcc " + src)
                 subprocess.run(cmd, check=True, cwd=ROOT)
             return obj
 
+        cxx_jobs = _sim_cxx_jobs(cflags) if sim else []
+
+        def compile_cxx(job):
+            src, cmd = job
+            obj = os.path.join(build_temp, src.replace(os.sep, "_") + ".o")
+            if stale(src, obj):
+                subprocess.run(cmd + ["-c", src, "-o", obj], check=True, cwd=ROOT)
+            return obj
+
         with ThreadPoolExecutor(max_workers=jobs) as pool:
-            # the slow nvcc jobs first, so both cores stay busy
+            # the slow nvcc (or C++) jobs first, so both cores stay busy
             futures = [pool.submit(compile_cu, s) for s in (CU_SOURCES if cuda.enabled else [])]
+            futures += [pool.submit(compile_cxx, j) for j in cxx_jobs]
             futures += [pool.submit(compile_c, s) for s in c_sources]
             objects = [f.result() for f in futures]
 
@@ -255,6 +311,8 @@ class BuildExt(build_ext):
             link_args += [cuda.cudart_static, _link_flag(cuda.cublaslt), _link_flag(cuda.cudnn),
                           "-lstdc++", "-lrt", "-ldl", "-Wl,--enable-new-dtags"]
             link_args += ["-Wl,-rpath," + d for d in cuda.rpath]
+        if cxx_jobs:
+            link_args += ["-lstdc++"]
         ext_path = self.get_ext_fullpath(ext.name)
         os.makedirs(os.path.dirname(ext_path), exist_ok=True)
         self.compiler.link_shared_object(

@@ -22,6 +22,8 @@
 
 #include "kernels.h"
 
+/* (kernels/cudacpu, which runs kernels/cuda on the CPU, compiles this
+ * without __CUDA_ARCH__: there the host branch runs.) */
 GA_HD int ga_clz64(uint64_t x)
 {
 #ifdef __CUDA_ARCH__

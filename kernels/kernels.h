@@ -433,7 +433,9 @@ typedef struct {
     double shift[GA_NORMALIZE_MAX_CHANNELS];
 } ga_normalize_desc;
 
-/* The one formula both backends use. */
+/* The one formula both backends use.  (kernels/cudacpu, which runs
+ * kernels/cuda on the CPU, compiles it without __CUDA_ARCH__: there the
+ * host branch runs, fma as the device's __fma_rn: one rounding.) */
 GA_HD double ga_normalize_value(const ga_normalize_desc *d, uint8_t x, int64_t ch)
 {
 #ifdef __CUDA_ARCH__

@@ -28,10 +28,18 @@
  * warning from a dealloc), and the violation is also printed on stderr, so
  * that one whose error a caller drops is still seen.
  *
- * Kernels run as their CPU twins (kernels/cpu) on the simulated memory, so
- * results can be checked as well; each operand's byte extent must lie in
- * one allocation of the kernel's device or in pinned memory (a small
- * memcheck).  Timings, engine choice and graphs are not simulated.
+ * Kernels run at once on the simulated memory, so results can be checked
+ * as well, and they are the CUDA backend's own: kernels/cuda compiled by
+ * the host C++ compiler through kernels/cudacpu, which runs each CUDA
+ * thread as a fiber (see kernels/cudacpu/cudacpu.h), with its entry points
+ * renamed (kernels/cudacpu/sim_names.h) so that the ga_cuda_* functions
+ * here can check an operation first and then call them.  cuBLASLt and
+ * cuDNN do not run here: a matmul takes the path ga_cuda_matmul takes when
+ * cuBLASLt cannot fuse it (the generic GEMM kernel and the epilogue
+ * kernels), a conv the direct kernels (kernels/cuda/fallback.h).  Each
+ * operand's byte extent must lie in one allocation of the kernel's device
+ * or in pinned memory (a small memcheck).  Timings, engine choice and
+ * graphs are not simulated.
  *
  * Environment: GPUACCEL_SIM_DEVICES (default 2) devices of 16 GiB each.
  */
@@ -41,7 +49,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda/fallback.h"
 #include "kernels.h"
+
+#define GPUACCEL_SIM_DECLARE_KERNELS
+#include "cudacpu/sim_names.h"
 
 #define SIM_MAX_STREAMS 512
 #define SIM_MAX_DEVICES 8
@@ -780,8 +792,8 @@ ga_status ga_cuda_pointer_info(const void *ptr, int *kind, int *device)
 /* ------------------------------------------------------------- kernels */
 
 /* Queues a kernel of `device` on `stream` that touches `ops`, checked as
- * access_all does.  Called locked; on success the caller runs the CPU
- * twin of the kernel at once. */
+ * access_all does.  Called locked; on success the caller runs the kernel
+ * at once. */
 static ga_status launch(int device, ga_stream stream, const sim_operand *ops, int n)
 {
     sim_stream *s = NULL;
@@ -796,7 +808,7 @@ ga_status ga_cuda_copy(int device, const ga_tensor *dst, const ga_tensor *src, g
     pthread_mutex_lock(&sim_lock);
     ga_status status = launch(device, stream, ops, 2);
     if (!status.error)
-        status = ga_cpu_copy(dst, src);
+        status = ga_sim_kernel_copy(device, dst, src, stream);
     pthread_mutex_unlock(&sim_lock);
     return status;
 }
@@ -807,15 +819,16 @@ ga_status ga_cuda_fill(int device, const ga_tensor *dst, ga_scalar value, ga_str
     pthread_mutex_lock(&sim_lock);
     ga_status status = launch(device, stream, ops, 1);
     if (!status.error)
-        status = ga_cpu_fill(dst, value);
+        status = ga_sim_kernel_fill(device, dst, value, stream);
     pthread_mutex_unlock(&sim_lock);
     return status;
 }
 
-/* The library kernels (cuBLASLt, cuDNN and gpuaccel's own) run as their
- * CPU twins over the operands' simulated memory, so the CUDA paths of
- * csrc/ around them (workspaces, helper copies, result arrays, streams)
- * run end to end.  The workspace is written by every call. */
+/* The library calls run as gpuaccel's own kernels over the operands'
+ * simulated memory (the unfused matmul, the direct conv), so the CUDA paths
+ * of csrc/ around them (workspaces, helper copies, result arrays, streams)
+ * run end to end.  The workspace is taken as written by every call, as a
+ * library call may. */
 
 static uint64_t matmul_calls, conv_calls;
 
@@ -845,8 +858,10 @@ ga_status ga_cuda_matmul(int device, const ga_matmul_desc *desc, void *workspace
     pthread_mutex_lock(&sim_lock);
     ga_status status = launch(device, stream, ops, (int)(sizeof ops / sizeof *ops));
     if (!status.error)
-        status = ga_cpu_matmul(desc);
-    report->fused = !status.error;
+        status = ga_cuda_matmul_check(desc);
+    if (!status.error)
+        status = ga_cuda_matmul_unfused(device, desc, 0, stream);
+    report->fallback = !status.error;
     report->cache_hit = matmul_calls++ > 0;
     pthread_mutex_unlock(&sim_lock);
     return status;
@@ -864,7 +879,7 @@ ga_status ga_cuda_bias_activation(int device, const ga_bias_act_desc *desc, ga_s
     pthread_mutex_lock(&sim_lock);
     ga_status status = launch(device, stream, ops, (int)(sizeof ops / sizeof *ops));
     if (!status.error)
-        status = ga_cpu_bias_activation(desc);
+        status = ga_sim_kernel_bias_activation(device, desc, stream);
     pthread_mutex_unlock(&sim_lock);
     return status;
 }
@@ -883,19 +898,20 @@ ga_status ga_cuda_activation_backward(int device, const ga_act_backward_desc *de
     pthread_mutex_lock(&sim_lock);
     ga_status status = launch(device, stream, ops, (int)(sizeof ops / sizeof *ops));
     if (!status.error)
-        status = ga_cpu_activation_backward(desc);
+        status = ga_sim_kernel_activation_backward(device, desc, stream);
     pthread_mutex_unlock(&sim_lock);
     return status;
 }
 
-/* cuDNN's engine choice: "sim" is the one engine; a call without a
- * preference (or with another name) tunes, one with it reuses it. */
+/* cuDNN's engine choice, for csrc/'s tuning file: "sim" is the one engine;
+ * a call without a preference (or with another name) tunes, one with it
+ * reuses it.  The direct kernels compute, as on the direct route. */
 static void conv_tuning_report(ga_conv_tuning *tuning)
 {
     int reuse = tuning->preferred && strcmp(tuning->preferred, "sim") == 0;
     snprintf(tuning->chosen, sizeof tuning->chosen, "sim");
     memset(&tuning->report, 0, sizeof tuning->report);
-    tuning->report.fused = 1;
+    tuning->report.fallback = 1;
     tuning->report.tuned = !reuse;
     conv_calls++;
 }
@@ -914,7 +930,7 @@ ga_status ga_cuda_conv2d_forward(int device, const ga_conv_desc *desc, void *wor
     pthread_mutex_lock(&sim_lock);
     ga_status status = launch(device, stream, ops, (int)(sizeof ops / sizeof *ops));
     if (!status.error) {
-        status = ga_cpu_conv2d_forward(desc);
+        status = ga_cuda_conv2d_forward_direct(device, desc, stream);
         conv_tuning_report(tuning);
     }
     pthread_mutex_unlock(&sim_lock);
@@ -933,8 +949,8 @@ static ga_status conv_backward(int device, const ga_conv_geometry *geom, const g
     pthread_mutex_lock(&sim_lock);
     ga_status status = launch(device, stream, ops, (int)(sizeof ops / sizeof *ops));
     if (!status.error) {
-        status = filter ? ga_cpu_conv2d_backward_filter(geom, a, b, out)
-                        : ga_cpu_conv2d_backward_data(geom, a, b, out);
+        status = filter ? ga_cuda_conv2d_backward_filter_direct(device, geom, a, b, out, stream)
+                        : ga_cuda_conv2d_backward_data_direct(device, geom, a, b, out, stream);
         conv_tuning_report(tuning);
     }
     pthread_mutex_unlock(&sim_lock);
@@ -977,7 +993,7 @@ ga_status ga_cuda_normalize_images(int device, const ga_normalize_desc *desc, ga
     pthread_mutex_lock(&sim_lock);
     ga_status status = launch(device, stream, ops, 2);
     if (!status.error)
-        status = ga_cpu_normalize_images(desc);
+        status = ga_sim_kernel_normalize_images(device, desc, stream);
     pthread_mutex_unlock(&sim_lock);
     return status;
 }
@@ -992,7 +1008,7 @@ ga_status ga_cuda_logger_update(int device, const ga_logger_update *u, ga_stream
     pthread_mutex_lock(&sim_lock);
     ga_status status = launch(device, stream, ops, 1 + n);
     if (!status.error)
-        status = ga_cpu_logger_update(u);
+        status = ga_sim_kernel_logger_update(device, u, stream);
     pthread_mutex_unlock(&sim_lock);
     return status;
 }
@@ -1004,7 +1020,8 @@ ga_status ga_cuda_logger_reset_window(int device, void *state, int max_metrics, 
     pthread_mutex_lock(&sim_lock);
     ga_status status = launch(device, stream, ops, 1);
     if (!status.error)
-        ga_cpu_logger_reset_window(state, max_metrics, capacity, first_step, nsteps);
+        status = ga_sim_kernel_logger_reset_window(device, state, max_metrics, capacity, first_step,
+                                                   nsteps, stream);
     pthread_mutex_unlock(&sim_lock);
     return status;
 }

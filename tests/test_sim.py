@@ -53,6 +53,20 @@ def test_the_checker_catches_a_race():
     assert "ordering violation: write not ordered after the last write" in proc.stderr
 
 
+def test_the_simulated_kernels_are_kernels_cuda_run_by_cudacpu():
+    # every launch goes through kernels/cudacpu, which refuses a thread order
+    # it does not know: so a cast on the device ran copy.cu's copy_kernel
+    proc = run_python("-c", PRELUDE + textwrap.dedent("""
+        x = ga.asarray(np.arange(7, dtype=np.float32), device="cuda:0")
+        try:
+            x.astype("float16")
+        except ga.CudaError as e:
+            print(e)
+    """), env={"GPUACCEL_CUDACPU_SCHEDULE": "sideways"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "cudacpu: GPUACCEL_CUDACPU_SCHEDULE=sideways" in proc.stdout, proc.stdout
+
+
 def test_the_same_with_the_users_wait_is_ordered():
     out = assert_ordered("""
         a = ga.zeros((1000,), device="cuda:0")

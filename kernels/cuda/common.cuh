@@ -128,6 +128,22 @@ class GaDeviceGuard
     if (ga_device_guard_.error() != cudaSuccess) \
     return ga_cuda_error(ga_device_guard_.error(), "cudaSetDevice(" #device ")", __FILE__, __LINE__)
 
+/* Every launch is written GA_LAUNCH(grid, block, shared_bytes, stream,
+ * kernel)(args...) rather than kernel<<<grid, block, shared_bytes,
+ * stream>>>(args...): nvcc gets exactly that <<<>>> launch, and the host
+ * C++ compiler, which cannot parse <<<>>>, gets kernels/cudacpu's launcher,
+ * which runs the kernel's own source on the CPU (the simulator build and
+ * tests/test_kernels_on_cpu.py).  A macro at each launch rather than a
+ * rewrite of the source at build time, so that both compilers read the
+ * file that is in the tree and their messages point at its lines. */
+#ifdef __CUDACC__
+#define GA_LAUNCH(grid, block, shared_bytes, stream, ...) \
+    __VA_ARGS__<<<grid, block, shared_bytes, stream>>>
+#else
+#define GA_LAUNCH(grid, block, shared_bytes, stream, ...) \
+    CUDACPU_LAUNCH(grid, block, shared_bytes, stream, __VA_ARGS__)
+#endif
+
 static inline cudaStream_t ga_cu_stream(ga_stream s)
 {
     return (cudaStream_t)s;

@@ -261,10 +261,9 @@ cudaStream_t cudnn_stream(cudaStream_t s)
 struct View {
     void *data = nullptr;
     int64_t dims[4] = {0, 0, 0, 0};
-    int64_t bstrides[4] = {0, 0, 0, 0}; /* bytes, as given (direct kernels) */
-    int64_t strides[4] = {0, 0, 0, 0};  /* elements, size-1 dims normalized (graph) */
-    int64_t align = 0;                  /* bytes the pointer is aligned to, at most 16 */
-    int vote = 0;                       /* +1 channels-last, -1 channels-first, 0 either */
+    int64_t strides[4] = {0, 0, 0, 0}; /* elements, size-1 dims normalized (graph) */
+    int64_t align = 0;                 /* bytes the pointer is aligned to, at most 16 */
+    int vote = 0;                      /* +1 channels-last, -1 channels-first, 0 either */
 };
 
 struct Problem {
@@ -282,7 +281,8 @@ struct Problem {
     void *ws = nullptr;
     size_t ws_size = 0;   /* usable workspace bytes (0 without a workspace) */
     bool eligible = true; /* every tensor is describable to cuDNN */
-    const ga_tensor *ty = nullptr, *tpreact = nullptr; /* for the epilogue and copies */
+    /* the tensors as given: the epilogue, copies and the direct route */
+    const ga_tensor *tx = nullptr, *tw = nullptr, *ty = nullptr, *tpreact = nullptr;
 };
 
 bool has_epilogue(const Problem &p)
@@ -349,7 +349,6 @@ bool make_view(const ga_tensor *t, int64_t itemsize, View *v)
     ok = ok && v->align >= itemsize;
     for (int d = 0; d < 4; d++) {
         v->dims[d] = t->shape[d];
-        v->bstrides[d] = t->strides[d];
         v->strides[d] = t->strides[d] / itemsize;
         ok = ok && t->shape[d] > 0;
         if (t->shape[d] > 1)
@@ -366,7 +365,6 @@ void make_bias_view(const void *bias, int64_t k, int64_t itemsize, bool nhwc, Vi
     int64_t dims[4] = {1, k, 1, 1};
     for (int d = 0; d < 4; d++) {
         v->dims[d] = dims[d];
-        v->bstrides[d] = d == 1 ? itemsize : k * itemsize;
         v->strides[d] = d == 1 ? 1 : k;
     }
     /* in the problem's layout, so the add sees one: (K,1,1,1) or (K,1,K,K) */
@@ -1228,54 +1226,10 @@ ga_status tune(cudnnHandle_t handle, cudaStream_t s, const Problem &p, const cha
 
 /* ======================================================= direct route */
 
-bool view_aligned(const View &v, int64_t itemsize)
-{
-    if ((uintptr_t)v.data % (uintptr_t)itemsize)
-        return false;
-    for (int d = 0; d < 4; d++)
-        if (v.dims[d] > 1 && v.bstrides[d] % itemsize)
-            return false;
-    return true;
-}
-
 ga_status run_direct(const Problem &p, cudaStream_t s)
 {
-    GaConvDirectArgs a;
-    memset(&a, 0, sizeof a);
-    a.x = (char *)p.x.data;
-    a.w = (char *)p.w.data;
-    a.y = (char *)p.y.data;
-    a.bias = p.has_bias ? (const char *)p.bias.data : nullptr;
-    a.preact = p.has_preact ? (char *)p.preact.data : nullptr;
-    a.N = p.x.dims[0];
-    a.C = p.x.dims[1];
-    a.H = p.x.dims[2];
-    a.W = p.x.dims[3];
-    a.K = p.w.dims[0];
-    a.Cg = p.w.dims[1];
-    a.R = p.w.dims[2];
-    a.S = p.w.dims[3];
-    a.P = p.y.dims[2];
-    a.Q = p.y.dims[3];
-    a.Kg = a.K / p.geom.groups;
-    for (int d = 0; d < 4; d++) {
-        a.xs[d] = p.x.bstrides[d];
-        a.ws[d] = p.w.bstrides[d];
-        a.ys[d] = p.y.bstrides[d];
-        a.ps[d] = p.has_preact ? p.preact.bstrides[d] : 0;
-    }
-    a.stride_h = p.geom.stride[0];
-    a.stride_w = p.geom.stride[1];
-    a.pad_h = p.geom.padding[0];
-    a.pad_w = p.geom.padding[1];
-    a.dil_h = p.geom.dilation[0];
-    a.dil_w = p.geom.dilation[1];
-    a.act = p.op == GA_CONV_FWD ? p.act : GA_ACT_NONE;
-    int64_t is = p.itemsize;
-    bool aligned = view_aligned(p.x, is) && view_aligned(p.w, is) && view_aligned(p.y, is) &&
-                   (!a.bias || (uintptr_t)a.bias % (uintptr_t)is == 0) &&
-                   (!a.preact || view_aligned(p.preact, is));
-    return ga_conv_direct(p.op, p.dtype, aligned, a, s);
+    return ga_conv_direct(p.op, p.geom, *p.tx, *p.tw, *p.ty, p.has_bias ? p.bias.data : nullptr,
+                          p.act, p.has_preact ? p.tpreact : nullptr, s);
 }
 
 /* ============================================================ the driver */
@@ -1371,43 +1325,6 @@ ga_status run(int device, Problem &p, ga_stream stream, ga_conv_tuning *tuning)
 
 /* ============================================================ validation */
 
-int64_t out_size(int64_t in, int pad, int dil, int64_t k, int stride)
-{
-    int64_t span = in + 2 * (int64_t)pad - (int64_t)dil * (k - 1) - 1;
-    return span < 0 ? 0 : span / stride + 1;
-}
-
-/* The tensors in conv roles: x (N,C,H,W), w (K,C/groups,R,S), y (N,K,P,Q). */
-ga_status check_shapes(const ga_conv_geometry *g, const ga_tensor *x, const ga_tensor *w,
-                       const ga_tensor *y)
-{
-    if (!g || !x || !w || !y)
-        return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: a required argument is NULL");
-    if (x->ndim != 4 || w->ndim != 4 || y->ndim != 4)
-        return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: tensors must have 4 dims (NCHW order)");
-    if (!ga_dtype_is_float(x->dtype) || w->dtype != x->dtype || y->dtype != x->dtype)
-        return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: tensors must share one float dtype");
-    for (int d = 0; d < 4; d++)
-        if (x->shape[d] < 0 || w->shape[d] < 0 || y->shape[d] < 0)
-            return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: negative dimension");
-    for (int i = 0; i < 2; i++)
-        if (g->stride[i] < 1 || g->dilation[i] < 1 || g->padding[i] < 0)
-            return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: bad stride, padding or dilation");
-    int64_t groups = g->groups;
-    if (groups < 1 || x->shape[1] % groups || w->shape[0] % groups ||
-        w->shape[1] * groups != x->shape[1])
-        return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: channels do not match the groups");
-    if (y->shape[0] != x->shape[0] || y->shape[1] != w->shape[0] ||
-        y->shape[2] !=
-            out_size(x->shape[2], g->padding[0], g->dilation[0], w->shape[2], g->stride[0]) ||
-        y->shape[3] !=
-            out_size(x->shape[3], g->padding[1], g->dilation[1], w->shape[3], g->stride[1]))
-        return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: output shape does not match the input");
-    if ((ga_numel(x) && !x->data) || (ga_numel(w) && !w->data) || (ga_numel(y) && !y->data))
-        return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: NULL data for a non-empty tensor");
-    return ga_ok();
-}
-
 /* The problem in conv roles (bias, act and preact only for forward):
  * views, one layout for the whole graph, eligibility for cuDNN. */
 void init_problem(Problem *p, GaConvOp op, const ga_conv_geometry *g, const ga_tensor *x,
@@ -1446,6 +1363,8 @@ void init_problem(Problem *p, GaConvOp op, const ga_conv_geometry *g, const ga_t
     p->eligible = ok;
     p->ws = workspace;
     p->ws_size = workspace ? workspace_size : 0;
+    p->tx = x;
+    p->tw = w;
     p->ty = y;
 }
 
@@ -1497,21 +1416,9 @@ extern "C" ga_status ga_cuda_conv2d_forward(int device, const ga_conv_desc *desc
 {
     GA_NVTX_RANGE("conv2d_fwd");
     reset_tuning(tuning);
-    if (!desc)
-        return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: desc is NULL");
-    GA_TRY_STATUS(check_shapes(&desc->geom, &desc->x, &desc->w, &desc->y));
-    if (!ga_activation_is_valid(desc->activation))
-        return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: unknown activation");
-    const ga_tensor *pre = &desc->preact;
-    if (pre->data) {
-        if (pre->ndim != 4 || pre->dtype != desc->y.dtype)
-            return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: preact must be shaped and typed as y");
-        for (int d = 0; d < 4; d++)
-            if (pre->shape[d] != desc->y.shape[d])
-                return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: preact must have y's shape");
-    }
+    GA_TRY_STATUS(ga_conv_check_forward(desc));
     return run_op(device, GA_CONV_FWD, &desc->geom, &desc->x, &desc->w, &desc->y, desc->bias,
-                  desc->activation, pre, workspace, workspace_size, stream, tuning);
+                  desc->activation, &desc->preact, workspace, workspace_size, stream, tuning);
 }
 
 extern "C" ga_status ga_cuda_conv2d_backward_data(int device, const ga_conv_geometry *geom,
@@ -1522,7 +1429,7 @@ extern "C" ga_status ga_cuda_conv2d_backward_data(int device, const ga_conv_geom
 {
     GA_NVTX_RANGE("conv2d_bwd_data");
     reset_tuning(tuning);
-    GA_TRY_STATUS(check_shapes(geom, dx, w, dy));
+    GA_TRY_STATUS(ga_conv_check(geom, dx, w, dy));
     return run_op(device, GA_CONV_BWD_DATA, geom, dx, w, dy, nullptr, GA_ACT_NONE, nullptr,
                   workspace, workspace_size, stream, tuning);
 }
@@ -1535,7 +1442,7 @@ extern "C" ga_status ga_cuda_conv2d_backward_filter(int device, const ga_conv_ge
 {
     GA_NVTX_RANGE("conv2d_bwd_filter");
     reset_tuning(tuning);
-    GA_TRY_STATUS(check_shapes(geom, x, dw, dy));
+    GA_TRY_STATUS(ga_conv_check(geom, x, dw, dy));
     return run_op(device, GA_CONV_BWD_FILTER, geom, x, dw, dy, nullptr, GA_ACT_NONE, nullptr,
                   workspace, workspace_size, stream, tuning);
 }

@@ -5,7 +5,8 @@
  * per filter element for backward filter; sums in a fixed order
  * (deterministic), in float (double for float64), over byte strides of any
  * sign.  conv.cu runs them when cuDNN cannot (and for float64, where cuDNN
- * has no graph engine for double).
+ * has no graph engine for double); fallback.h's entry points run them on
+ * their own, with conv.cu's checks (the simulator build has no cuDNN).
  */
 #include <stdint.h>
 #include <string.h>
@@ -16,11 +17,25 @@
 #include <algorithm>
 
 #include "../activation.h"
+#include "../internal.h"
 #include "common.cuh"
 #include "conv_direct.cuh"
+#include "fallback.h"
 
 namespace
 {
+
+/* One problem: x (N, C, H, W), w (K, Cg, R, S), y (N, K, P, Q) in logical
+ * NCHW order, any byte strides. */
+struct DirectArgs {
+    char *x, *w, *y;  /* conv roles; which ones are written depends on the op */
+    const char *bias; /* forward: K contiguous values, or null */
+    char *preact;     /* forward: written when set */
+    int64_t N, C, H, W, K, R, S, P, Q, Cg, Kg;
+    int64_t xs[4], ws[4], ys[4], ps[4]; /* byte strides */
+    int64_t stride_h, stride_w, pad_h, pad_w, dil_h, dil_w;
+    ga_activation act;
+};
 
 constexpr int kThreads = 256; /* a power of two */
 constexpr int64_t kMaxBlocks = 65535LL * 8;
@@ -110,7 +125,7 @@ __host__ __device__ __forceinline__ double activate(ga_activation act, double z)
 /* y[n, k, p, q] = act(sum over c in k's group, r, s of x[n, c, h, w] *
  * w[k, c - c0, r, s] + bias[k]) with h = p*stride - pad + r*dil, likewise w. */
 template <typename T, bool A>
-__host__ __device__ __forceinline__ void fwd_element(const GaConvDirectArgs &a, int64_t i)
+__host__ __device__ __forceinline__ void fwd_element(const DirectArgs &a, int64_t i)
 {
     using Acc = typename Elem<T>::Acc;
     int64_t q = i % a.Q, t = i / a.Q;
@@ -145,7 +160,7 @@ __host__ __device__ __forceinline__ void fwd_element(const GaConvDirectArgs &a, 
 /* dx[n, c, h, w] = sum over k in c's group, r, s with h = p*stride - pad +
  * r*dil (and likewise w) of dy[n, k, p, q] * w[k, c - c0, r, s]. */
 template <typename T, bool A>
-__host__ __device__ __forceinline__ void bwd_data_element(const GaConvDirectArgs &a, int64_t i)
+__host__ __device__ __forceinline__ void bwd_data_element(const DirectArgs &a, int64_t i)
 {
     using Acc = typename Elem<T>::Acc;
     int64_t w = i % a.W, t = i / a.W;
@@ -181,7 +196,7 @@ __host__ __device__ __forceinline__ void bwd_data_element(const GaConvDirectArgs
  * N*P*Q in n, p, q order. */
 template <typename T, bool A>
 __host__ __device__ __forceinline__ typename Elem<T>::Acc
-bwd_filter_slice(const GaConvDirectArgs &a, int64_t e, int64_t first, int64_t step)
+bwd_filter_slice(const DirectArgs &a, int64_t e, int64_t first, int64_t step)
 {
     using Acc = typename Elem<T>::Acc;
     int64_t s = e % a.S, t = e / a.S;
@@ -205,7 +220,7 @@ bwd_filter_slice(const GaConvDirectArgs &a, int64_t e, int64_t first, int64_t st
 }
 
 template <typename T, bool A>
-__host__ __device__ __forceinline__ void bwd_filter_store(const GaConvDirectArgs &a, int64_t e,
+__host__ __device__ __forceinline__ void bwd_filter_store(const DirectArgs &a, int64_t e,
                                                           typename Elem<T>::Acc v)
 {
     int64_t s = e % a.S, t = e / a.S;
@@ -215,7 +230,7 @@ __host__ __device__ __forceinline__ void bwd_filter_store(const GaConvDirectArgs
     store<T, A>(a.w + k * a.ws[0] + c * a.ws[1] + r * a.ws[2] + s * a.ws[3], v);
 }
 
-template <typename T, bool A> __global__ void conv_fwd_direct(GaConvDirectArgs a)
+template <typename T, bool A> __global__ void conv_fwd_direct(DirectArgs a)
 {
     int64_t total = a.N * a.K * a.P * a.Q;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
@@ -223,7 +238,7 @@ template <typename T, bool A> __global__ void conv_fwd_direct(GaConvDirectArgs a
         fwd_element<T, A>(a, i);
 }
 
-template <typename T, bool A> __global__ void conv_bwd_data_direct(GaConvDirectArgs a)
+template <typename T, bool A> __global__ void conv_bwd_data_direct(DirectArgs a)
 {
     int64_t total = a.N * a.C * a.H * a.W;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
@@ -234,7 +249,7 @@ template <typename T, bool A> __global__ void conv_bwd_data_direct(GaConvDirectA
 /* A long reduction per filter element: a block per element, each thread
  * summing a fixed slice and the block adding the slices in a fixed tree, so
  * the result does not depend on scheduling. */
-template <typename T, bool A> __global__ void conv_bwd_filter_direct(GaConvDirectArgs a)
+template <typename T, bool A> __global__ void conv_bwd_filter_direct(DirectArgs a)
 {
     using Acc = typename Elem<T>::Acc;
     __shared__ Acc partial[kThreads];
@@ -247,9 +262,11 @@ template <typename T, bool A> __global__ void conv_bwd_filter_direct(GaConvDirec
                 partial[threadIdx.x] += partial[threadIdx.x + half];
             __syncthreads();
         }
+        /* after the tree's last barrier, thread 0 alone reads partial[0],
+         * which it wrote; the next element's sums go each thread to its own
+         * partial[], so they need no barrier first */
         if (threadIdx.x == 0)
             bwd_filter_store<T, A>(a, e, partial[0]);
-        __syncthreads(); /* partial[] is reused for the next element */
     }
 }
 
@@ -260,21 +277,21 @@ unsigned grid_for(int64_t n)
 }
 
 template <typename T, bool A>
-ga_status launch_direct(GaConvOp op, const GaConvDirectArgs &a, cudaStream_t s)
+ga_status launch_direct(GaConvOp op, const DirectArgs &a, cudaStream_t s)
 {
     switch (op) {
     case GA_CONV_FWD:
-        conv_fwd_direct<T, A><<<grid_for(a.N * a.K * a.P * a.Q), kThreads, 0, s>>>(a);
+        GA_LAUNCH(grid_for(a.N * a.K * a.P * a.Q), kThreads, 0, s, conv_fwd_direct<T, A>)(a);
         GA_CUDA_LAUNCH_CHECK("conv_fwd_direct");
         break;
     case GA_CONV_BWD_DATA:
-        conv_bwd_data_direct<T, A><<<grid_for(a.N * a.C * a.H * a.W), kThreads, 0, s>>>(a);
+        GA_LAUNCH(grid_for(a.N * a.C * a.H * a.W), kThreads, 0, s, conv_bwd_data_direct<T, A>)(a);
         GA_CUDA_LAUNCH_CHECK("conv_bwd_data_direct");
         break;
     case GA_CONV_BWD_FILTER: {
         int64_t elements = a.K * a.Cg * a.R * a.S;
         unsigned blocks = (unsigned)std::max<int64_t>(1, std::min<int64_t>(elements, 1 << 20));
-        conv_bwd_filter_direct<T, A><<<blocks, kThreads, 0, s>>>(a);
+        GA_LAUNCH(blocks, kThreads, 0, s, conv_bwd_filter_direct<T, A>)(a);
         GA_CUDA_LAUNCH_CHECK("conv_bwd_filter_direct");
         break;
     }
@@ -282,10 +299,8 @@ ga_status launch_direct(GaConvOp op, const GaConvDirectArgs &a, cudaStream_t s)
     return ga_ok();
 }
 
-} // namespace
-
-ga_status ga_conv_direct(GaConvOp op, ga_dtype dtype, bool aligned, const GaConvDirectArgs &a,
-                         cudaStream_t s)
+ga_status launch_dtype(GaConvOp op, ga_dtype dtype, bool aligned, const DirectArgs &a,
+                       cudaStream_t s)
 {
     switch (dtype) {
     case GA_FLOAT16:
@@ -301,4 +316,155 @@ ga_status ga_conv_direct(GaConvOp op, ga_dtype dtype, bool aligned, const GaConv
         return aligned ? launch_direct<double, true>(op, a, s)
                        : launch_direct<double, false>(op, a, s);
     }
+}
+
+/* Every element of t sits at a multiple of itemsize. */
+bool aligned_tensor(const ga_tensor &t, int64_t itemsize)
+{
+    if ((uintptr_t)t.data % (uintptr_t)itemsize)
+        return false;
+    for (int d = 0; d < 4; d++)
+        if (t.shape[d] > 1 && t.strides[d] % itemsize)
+            return false;
+    return true;
+}
+
+int64_t out_size(int64_t in, int pad, int dil, int64_t k, int stride)
+{
+    int64_t span = in + 2 * (int64_t)pad - (int64_t)dil * (k - 1) - 1;
+    return span < 0 ? 0 : span / stride + 1;
+}
+
+} // namespace
+
+ga_status ga_conv_direct(GaConvOp op, const ga_conv_geometry &g, const ga_tensor &x,
+                         const ga_tensor &w, const ga_tensor &y, const void *bias,
+                         ga_activation act, const ga_tensor *preact, cudaStream_t s)
+{
+    bool fwd = op == GA_CONV_FWD;
+    DirectArgs a;
+    memset(&a, 0, sizeof a);
+    a.x = (char *)x.data;
+    a.w = (char *)w.data;
+    a.y = (char *)y.data;
+    a.bias = fwd ? (const char *)bias : nullptr;
+    a.preact = fwd && preact && preact->data ? (char *)preact->data : nullptr;
+    a.N = x.shape[0];
+    a.C = x.shape[1];
+    a.H = x.shape[2];
+    a.W = x.shape[3];
+    a.K = w.shape[0];
+    a.Cg = w.shape[1];
+    a.R = w.shape[2];
+    a.S = w.shape[3];
+    a.P = y.shape[2];
+    a.Q = y.shape[3];
+    a.Kg = a.K / g.groups;
+    for (int d = 0; d < 4; d++) {
+        a.xs[d] = x.strides[d];
+        a.ws[d] = w.strides[d];
+        a.ys[d] = y.strides[d];
+        a.ps[d] = a.preact ? preact->strides[d] : 0;
+    }
+    a.stride_h = g.stride[0];
+    a.stride_w = g.stride[1];
+    a.pad_h = g.padding[0];
+    a.pad_w = g.padding[1];
+    a.dil_h = g.dilation[0];
+    a.dil_w = g.dilation[1];
+    a.act = fwd ? act : GA_ACT_NONE;
+    int64_t is = (int64_t)ga_dtype_itemsize(x.dtype);
+    bool aligned = aligned_tensor(x, is) && aligned_tensor(w, is) && aligned_tensor(y, is) &&
+                   (!a.bias || (uintptr_t)a.bias % (uintptr_t)is == 0) &&
+                   (!a.preact || aligned_tensor(*preact, is));
+    return launch_dtype(op, x.dtype, aligned, a, s);
+}
+
+ga_status ga_conv_check(const ga_conv_geometry *g, const ga_tensor *x, const ga_tensor *w,
+                        const ga_tensor *y)
+{
+    if (!g || !x || !w || !y)
+        return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: a required argument is NULL");
+    if (x->ndim != 4 || w->ndim != 4 || y->ndim != 4)
+        return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: tensors must have 4 dims (NCHW order)");
+    if (!ga_dtype_is_float(x->dtype) || w->dtype != x->dtype || y->dtype != x->dtype)
+        return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: tensors must share one float dtype");
+    for (int d = 0; d < 4; d++)
+        if (x->shape[d] < 0 || w->shape[d] < 0 || y->shape[d] < 0)
+            return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: negative dimension");
+    for (int i = 0; i < 2; i++)
+        if (g->stride[i] < 1 || g->dilation[i] < 1 || g->padding[i] < 0)
+            return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: bad stride, padding or dilation");
+    int64_t groups = g->groups;
+    if (groups < 1 || x->shape[1] % groups || w->shape[0] % groups ||
+        w->shape[1] * groups != x->shape[1])
+        return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: channels do not match the groups");
+    if (y->shape[0] != x->shape[0] || y->shape[1] != w->shape[0] ||
+        y->shape[2] !=
+            out_size(x->shape[2], g->padding[0], g->dilation[0], w->shape[2], g->stride[0]) ||
+        y->shape[3] !=
+            out_size(x->shape[3], g->padding[1], g->dilation[1], w->shape[3], g->stride[1]))
+        return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: output shape does not match the input");
+    if ((ga_numel(x) && !x->data) || (ga_numel(w) && !w->data) || (ga_numel(y) && !y->data))
+        return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: NULL data for a non-empty tensor");
+    return ga_ok();
+}
+
+ga_status ga_conv_check_forward(const ga_conv_desc *desc)
+{
+    if (!desc)
+        return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: desc is NULL");
+    GA_TRY_STATUS(ga_conv_check(&desc->geom, &desc->x, &desc->w, &desc->y));
+    if (!ga_activation_is_valid(desc->activation))
+        return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: unknown activation");
+    const ga_tensor *pre = &desc->preact;
+    if (pre->data) {
+        if (pre->ndim != 4 || pre->dtype != desc->y.dtype)
+            return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: preact must be shaped and typed as y");
+        for (int d = 0; d < 4; d++)
+            if (pre->shape[d] != desc->y.shape[d])
+                return GA_STATUS(GA_ERR_INVALID_VALUE, "conv2d: preact must have y's shape");
+    }
+    return ga_ok();
+}
+
+/* ======================================================== entry points */
+
+extern "C" ga_status ga_cuda_conv2d_forward_direct(int device, const ga_conv_desc *desc,
+                                                   ga_stream stream)
+{
+    GA_TRY_STATUS(ga_conv_check_forward(desc));
+    if (ga_numel(&desc->y) == 0)
+        return ga_ok();
+    GA_WITH_DEVICE(device);
+    return ga_conv_direct(GA_CONV_FWD, desc->geom, desc->x, desc->w, desc->y, desc->bias,
+                          desc->activation, &desc->preact, ga_cu_stream(stream));
+}
+
+/* Both backward ops in conv roles: x and w (dx, or dw) written from the
+ * other two. */
+static ga_status backward_direct(int device, GaConvOp op, const ga_conv_geometry *geom,
+                                 const ga_tensor *x, const ga_tensor *w, const ga_tensor *y,
+                                 ga_stream stream)
+{
+    GA_TRY_STATUS(ga_conv_check(geom, x, w, y));
+    if (ga_numel(op == GA_CONV_BWD_DATA ? x : w) == 0)
+        return ga_ok();
+    GA_WITH_DEVICE(device);
+    return ga_conv_direct(op, *geom, *x, *w, *y, nullptr, GA_ACT_NONE, nullptr,
+                          ga_cu_stream(stream));
+}
+
+extern "C" ga_status ga_cuda_conv2d_backward_data_direct(int device, const ga_conv_geometry *geom,
+                                                         const ga_tensor *dy, const ga_tensor *w,
+                                                         const ga_tensor *dx, ga_stream stream)
+{
+    return backward_direct(device, GA_CONV_BWD_DATA, geom, dx, w, dy, stream);
+}
+
+extern "C" ga_status ga_cuda_conv2d_backward_filter_direct(int device, const ga_conv_geometry *geom,
+                                                           const ga_tensor *x, const ga_tensor *dy,
+                                                           const ga_tensor *dw, ga_stream stream)
+{
+    return backward_direct(device, GA_CONV_BWD_FILTER, geom, x, dw, dy, stream);
 }

@@ -146,8 +146,11 @@ extern "C" ga_status ga_cuda_copy(int device, const ga_tensor *dst, const ga_ten
     }
     bool aligned = is_aligned(dst->data, L.dst_strides, L.ndim, dsize) &&
                    is_aligned(src->data, L.src_strides, L.ndim, ga_dtype_itemsize(src->dtype));
-    copy_kernel<<<grid_for(numel), kThreads, 0, s>>>(
-        (char *)dst->data, dst->dtype, (const char *)src->data, src->dtype, numel, L, aligned);
+    unsigned grid = grid_for(numel);
+    char *out = (char *)dst->data;
+    const char *in = (const char *)src->data;
+    GA_LAUNCH(grid, kThreads, 0, s, copy_kernel)
+    (out, dst->dtype, in, src->dtype, numel, L, aligned);
     GA_CUDA_LAUNCH_CHECK("copy_kernel");
     return ga_ok();
 }
@@ -176,8 +179,9 @@ extern "C" ga_status ga_cuda_fill(int device, const ga_tensor *dst, ga_scalar va
         return ga_ok();
     }
     bool aligned = is_aligned(dst->data, L.dst_strides, L.ndim, itemsize);
-    fill_kernel<<<grid_for(numel), kThreads, 0, s>>>((char *)dst->data, itemsize, pattern, numel, L,
-                                                     aligned);
+    unsigned grid = grid_for(numel);
+    char *out = (char *)dst->data;
+    GA_LAUNCH(grid, kThreads, 0, s, fill_kernel)(out, itemsize, pattern, numel, L, aligned);
     GA_CUDA_LAUNCH_CHECK("fill_kernel");
     return ga_ok();
 }

@@ -217,7 +217,10 @@ template <typename Acc> __global__ void bgrad_thread_kernel(ga_red_layout L, Bwd
 }
 
 /* Sums part[0 .. kRedThreads) viewed as [H][W] over H, in a fixed tree
- * order; part[ch] holds the result for column ch. */
+ * order; part[ch] holds the result for column ch.  After its last barrier
+ * the only thread that reads part[ch] is thread ch, which wrote it: a
+ * caller that goes on to refill part (each thread its own element) needs
+ * no barrier first. */
 template <typename Acc, int W>
 __device__ __forceinline__ void tree_reduce(Acc *part, int lane, int ch)
 {
@@ -246,8 +249,7 @@ __global__ void __launch_bounds__(kRedThreads) bgrad_tile_kernel(ga_red_layout L
         __syncthreads();
         tree_reduce<Acc, W>(part, lane, ch);
         if (lane == 0 && c < L.C)
-            store_bias_grad<Acc>(a, c, part[ch]);
-        __syncthreads(); /* part is reused by the next tile */
+            store_bias_grad<Acc>(a, c, part[ch]); /* thread ch's own element */
     }
 }
 
@@ -263,8 +265,7 @@ __global__ void __launch_bounds__(kRedThreads) bgrad_block_kernel(ga_red_layout 
         __syncthreads();
         tree_reduce<Acc, 1>(part, threadIdx.x, 0);
         if (threadIdx.x == 0)
-            store_bias_grad<Acc>(a, c, part[0]);
-        __syncthreads();
+            store_bias_grad<Acc>(a, c, part[0]); /* thread 0's own element */
     }
 }
 
@@ -312,7 +313,7 @@ template <typename Acc>
 ga_status launch_bias_grad(const ga_red_layout &L, const BwdArgs &a, cudaStream_t s)
 {
     if (L.R <= kSmallReduce) {
-        bgrad_thread_kernel<Acc><<<grid_for(L.C, kThreads), kThreads, 0, s>>>(L, a);
+        GA_LAUNCH(grid_for(L.C, kThreads), kThreads, 0, s, bgrad_thread_kernel<Acc>)(L, a);
         GA_CUDA_LAUNCH_CHECK("bgrad_thread_kernel");
         return ga_ok();
     }
@@ -320,17 +321,17 @@ ga_status launch_bias_grad(const ga_red_layout &L, const BwdArgs &a, cudaStream_
     for (int d = 0; d < L.ndim && channel_inner; d++)
         channel_inner = abs64(L.cstride[0]) < abs64(L.strides[0][d]);
     if (!channel_inner) {
-        bgrad_block_kernel<Acc><<<grid_for(L.C, 1), kRedThreads, 0, s>>>(L, a);
+        GA_LAUNCH(grid_for(L.C, 1), kRedThreads, 0, s, bgrad_block_kernel<Acc>)(L, a);
         GA_CUDA_LAUNCH_CHECK("bgrad_block_kernel");
     } else if (L.C >= 32 * kMinTileBlocks) {
-        bgrad_tile_kernel<Acc, 32><<<grid_for(L.C, 32), kRedThreads, 0, s>>>(L, a);
+        GA_LAUNCH(grid_for(L.C, 32), kRedThreads, 0, s, bgrad_tile_kernel<Acc, 32>)(L, a);
         GA_CUDA_LAUNCH_CHECK("bgrad_tile_kernel");
     } else if (L.C >= 16 * kMinTileBlocks) {
-        bgrad_tile_kernel<Acc, 16><<<grid_for(L.C, 16), kRedThreads, 0, s>>>(L, a);
+        GA_LAUNCH(grid_for(L.C, 16), kRedThreads, 0, s, bgrad_tile_kernel<Acc, 16>)(L, a);
         GA_CUDA_LAUNCH_CHECK("bgrad_tile_kernel");
     } else {
         /* narrow tiles: more blocks for a GPU-wide pass over few channels */
-        bgrad_tile_kernel<Acc, 8><<<grid_for(L.C, 8), kRedThreads, 0, s>>>(L, a);
+        GA_LAUNCH(grid_for(L.C, 8), kRedThreads, 0, s, bgrad_tile_kernel<Acc, 8>)(L, a);
         GA_CUDA_LAUNCH_CHECK("bgrad_tile_kernel");
     }
     return ga_ok();
@@ -370,9 +371,9 @@ extern "C" ga_status ga_cuda_bias_activation(int device, const ga_bias_act_desc 
     GA_WITH_DEVICE(device);
     cudaStream_t s = ga_cu_stream(stream);
     if (f64)
-        bias_act_kernel<double><<<grid_for(numel, kThreads), kThreads, 0, s>>>(L, numel, a);
+        GA_LAUNCH(grid_for(numel, kThreads), kThreads, 0, s, bias_act_kernel<double>)(L, numel, a);
     else
-        bias_act_kernel<float><<<grid_for(numel, kThreads), kThreads, 0, s>>>(L, numel, a);
+        GA_LAUNCH(grid_for(numel, kThreads), kThreads, 0, s, bias_act_kernel<float>)(L, numel, a);
     GA_CUDA_LAUNCH_CHECK("bias_act_kernel");
     return ga_ok();
 }
@@ -413,10 +414,11 @@ extern "C" ga_status ga_cuda_activation_backward(int device, const ga_act_backwa
         a.bias_grad_aligned = false;
         GA_WITH_DEVICE(device);
         cudaStream_t s = ga_cu_stream(stream);
+        unsigned grid = grid_for(numel, kThreads);
         if (f64)
-            act_backward_kernel<double><<<grid_for(numel, kThreads), kThreads, 0, s>>>(L, numel, a);
+            GA_LAUNCH(grid, kThreads, 0, s, act_backward_kernel<double>)(L, numel, a);
         else
-            act_backward_kernel<float><<<grid_for(numel, kThreads), kThreads, 0, s>>>(L, numel, a);
+            GA_LAUNCH(grid, kThreads, 0, s, act_backward_kernel<float>)(L, numel, a);
         GA_CUDA_LAUNCH_CHECK("act_backward_kernel");
         return ga_ok();
     }

@@ -20,7 +20,8 @@ __global__ void logger_update_kernel(ga_logger_update u)
     __syncthreads();
     if ((int)threadIdx.x < u.n)
         ga_logger_apply(&u, threadIdx.x, step);
-    __syncthreads();
+    /* no barrier: the step counter and the presence row that thread 0
+     * writes are no memory any thread's metric touches */
     if (threadIdx.x == 0)
         ga_logger_mark_step(&u, step);
 }
@@ -43,7 +44,7 @@ extern "C" ga_status ga_cuda_logger_update(int device, const ga_logger_update *u
         u->max_metrics > GA_LOGGER_MAX_METRICS)
         return GA_STATUS(GA_ERR_INVALID_VALUE, "logger: bad update");
     GA_WITH_DEVICE(device);
-    logger_update_kernel<<<1, 32, 0, ga_cu_stream(stream)>>>(*u);
+    GA_LAUNCH(1, 32, 0, ga_cu_stream(stream), logger_update_kernel)(*u);
     GA_CUDA_LAUNCH_CHECK("logger_update_kernel");
     return ga_ok();
 }
@@ -53,8 +54,8 @@ extern "C" ga_status ga_cuda_logger_reset_window(int device, void *state, int ma
                                                  int64_t nsteps, ga_stream stream)
 {
     GA_WITH_DEVICE(device);
-    logger_reset_kernel<<<4, 256, 0, ga_cu_stream(stream)>>>(state, max_metrics, capacity,
-                                                             first_step, nsteps);
+    cudaStream_t s = ga_cu_stream(stream);
+    GA_LAUNCH(4, 256, 0, s, logger_reset_kernel)(state, max_metrics, capacity, first_step, nsteps);
     GA_CUDA_LAUNCH_CHECK("logger_reset_kernel");
     return ga_ok();
 }

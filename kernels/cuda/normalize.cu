@@ -66,7 +66,7 @@ extern "C" ga_status ga_cuda_normalize_images(int device, const ga_normalize_des
     GA_WITH_DEVICE(device);
     int64_t blocks = (total + kThreads - 1) / kThreads;
     unsigned grid = (unsigned)(blocks < 65535LL * 8 ? blocks : 65535LL * 8);
-    normalize_kernel<<<grid, kThreads, 0, ga_cu_stream(stream)>>>(*desc, total);
+    GA_LAUNCH(grid, kThreads, 0, ga_cu_stream(stream), normalize_kernel)(*desc, total);
     GA_CUDA_LAUNCH_CHECK("normalize_kernel");
     return ga_ok();
 }
