@@ -83,3 +83,36 @@ __all__ = [
     "set_matmul_precision", "set_memory_limit",
     "synchronize", "uint8", "zeros",
 ]
+
+NVIDIA_DRIVER_FILE = "/proc/driver/nvidia/version"
+
+
+def cpu_only_notice(built_with_cuda, build_note, driver_present):
+    """The one-line notice for a CPU-only build on a machine with an NVIDIA
+    driver, or None.  pip hides the build's own notice at normal verbosity,
+    so a build that fell back to CPU-only (no nvcc, no cuDNN) would otherwise
+    go unnoticed until the GPU sits idle.  Not for builds that asked for it
+    (GPUACCEL_NO_CUDA=1, GPUACCEL_SIM=1)."""
+    if built_with_cuda or not driver_present or build_note.startswith(("GPUACCEL_NO_CUDA", "GPUACCEL_SIM")):
+        return None
+    return ("gpuaccel is a CPU-only build (%s), but this machine has an NVIDIA driver: its GPU will not be used. "
+            "python -m gpuaccel doctor says how to fix it; silence this with "
+            "warnings.filterwarnings('ignore', message='gpuaccel is a CPU-only build')"
+            % (build_note or "CUDA was not found at build time"))
+
+
+def _warn_once_if_cpu_only():
+    try:
+        from . import _build_config
+    except ImportError:  # pragma: no cover - written by every build
+        return
+    import os
+    import warnings
+
+    notice = cpu_only_notice(_build_config.BUILT_WITH_CUDA, getattr(_build_config, "CUDA_BUILD_NOTE", ""),
+                             os.path.exists(NVIDIA_DRIVER_FILE))
+    if notice:
+        warnings.warn(notice, RuntimeWarning, stacklevel=4)
+
+
+_warn_once_if_cpu_only()  # a module runs once per process: once

@@ -3,6 +3,7 @@
 
 import json
 import os
+import shutil
 import sys
 
 import pytest
@@ -10,7 +11,7 @@ import pytest
 import gpuaccel as ga
 from gpuaccel import doctor
 
-from helpers import run_python
+from helpers import python_env, run_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -260,3 +261,24 @@ def test_example_ddp_script_runs_on_two_cpu_ranks(tmp_path):
               "--batch-size", "16", "--samples", "1000", "--data", tmp_path, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "(mean of 2 ranks)" in out.stdout and "final loss" in out.stdout
+
+
+# -------------------------------------------------------- the test suite
+
+def test_the_skip_summary_groups_skips_by_reason(tmp_path):
+    shutil.copy(os.path.join(ROOT, "tests", "conftest.py"), tmp_path / "conftest.py")
+    (tmp_path / "test_some.py").write_text(
+        "import pytest\n"
+        "@pytest.mark.parametrize('i', range(3))\n"
+        "def test_a(i):\n    pytest.skip('reason A')\n"
+        "def test_b():\n    pytest.skip('reason B')\n"
+        "def test_c():\n    pass\n")
+    out = run_python("-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfEX", str(tmp_path), cwd=tmp_path,
+                     env={"PYTHONPATH": os.pathsep.join([os.path.join(ROOT, "tests"),
+                                                         python_env()["PYTHONPATH"]])})
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if "skipped, by reason" in line)
+    assert lines[start + 1].split() == ["3", "reason", "A:", "test_some.py", "(3)"]
+    assert lines[start + 2].split() == ["1", "reason", "B:", "test_some.py", "(1)"]
+    assert not any(line.startswith("SKIPPED") for line in lines)

@@ -68,3 +68,28 @@ def test_an_in_place_build_is_used_as_it_is(tmp_path):
     run = run_python("-c", "import gpuaccel; print(gpuaccel.__file__)", cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     assert os.path.samefile(os.path.dirname(run.stdout.strip()), tmp_path / "gpuaccel")
+
+
+def test_a_cpu_only_build_on_a_machine_with_a_driver_says_so_at_import():
+    from gpuaccel import _api
+
+    notice = _api.cpu_only_notice(False, "no nvcc found (set CUDA_HOME or put nvcc on PATH)", True)
+    assert notice.startswith("gpuaccel is a CPU-only build (no nvcc found") and "doctor" in notice
+    assert _api.cpu_only_notice(True, "", True) is None          # a CUDA build
+    assert _api.cpu_only_notice(False, "no nvcc found", False) is None  # no driver: CPU-only is right
+    assert _api.cpu_only_notice(False, "GPUACCEL_NO_CUDA=1", True) is None  # asked for
+    assert _api.cpu_only_notice(False, "GPUACCEL_SIM=1 (simulated CUDA runtime, a test build)", True) is None
+
+
+def test_the_import_notice_is_silenced_by_its_documented_filter(tmp_path):
+    # the import on this machine: a notice only where the rule says so, and the filter the notice names works
+    from gpuaccel import _api, _build_config
+
+    expected = _api.cpu_only_notice(_build_config.BUILT_WITH_CUDA, _build_config.CUDA_BUILD_NOTE,
+                                    os.path.exists(_api.NVIDIA_DRIVER_FILE))
+    run = run_python("-W", "always", "-c", "import gpuaccel")
+    assert run.returncode == 0
+    assert ("CPU-only build" in run.stderr) == (expected is not None), run.stderr
+    run = run_python("-c", "import warnings; warnings.filterwarnings('ignore', message='gpuaccel is a CPU-only build');"
+                     " import gpuaccel")
+    assert run.returncode == 0 and "CPU-only" not in run.stderr
