@@ -378,11 +378,8 @@ PyObject *ga_py_conv2d(PyObject *module, PyObject *const *args, Py_ssize_t nargs
     ga_tensor tx = logical(f.x_read, ca.nhwc), tw = logical(f.weight_read, ca.nhwc);
     if (check_conv_shapes(&tx, &tw, &ca, "conv2d") < 0)
         goto done;
-    if (f.bias && (f.bias->ndim != 1 || f.bias->shape[0] != tw.shape[0])) {
-        PyErr_Format(PyExc_ValueError, "conv2d: bias must have shape (%lld,) (the output channels)",
-                     (long long)tw.shape[0]);
+    if (ga_op_check_bias("conv2d", f.bias, tw.shape[0], "the output channels") < 0)
         goto done;
-    }
     int64_t pq[2];
     if (ga_op_dense_bias(st, op, &f.bias) < 0 ||
         conv_output_size(&tx, &tw, &ca.geom, pq, "conv2d") < 0)

@@ -903,6 +903,15 @@ static PyObject *Logger_set_error(LoggerObject *lg, PyObject *error)
     Py_RETURN_NONE;
 }
 
+/* The exception the next log() would raise, cleared: flush() and close()
+ * raise it, so that a non-finite value of the last window is not lost. */
+static PyObject *Logger_take_error(LoggerObject *lg, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *error = lg->error;
+    lg->error = NULL;
+    return error ? error : Py_NewRef(Py_None);
+}
+
 static void release_resources(LoggerObject *lg)
 {
     for (int k = 0; k < lg->npending; k++)
@@ -1002,6 +1011,7 @@ static PyMethodDef Logger_methods[] = {
     {"_flush_core", (PyCFunction)Logger_flush_core, METH_NOARGS, NULL},
     {"_close_core", (PyCFunction)Logger_close_core, METH_NOARGS, NULL},
     {"_set_error", (PyCFunction)Logger_set_error, METH_O, NULL},
+    {"_take_error", (PyCFunction)Logger_take_error, METH_NOARGS, NULL},
     {NULL, NULL, 0, NULL},
 };
 

@@ -338,11 +338,8 @@ PyObject *ga_py_matmul(PyObject *module, PyObject *const *args, Py_ssize_t nargs
         plan_matmul(a, b, &plan) < 0 ||
         matmul_out_dtype(st, arg.out_dtype, a->dtype, &out_dtype) < 0)
         goto done;
-    if (bias && (bias->ndim != 1 || bias->shape[0] != plan.N)) {
-        PyErr_Format(PyExc_ValueError, "matmul: bias must have shape (%lld,), got %d dimensions",
-                     (long long)plan.N, bias->ndim);
+    if (ga_op_check_bias("matmul", bias, plan.N, "the result's last dimension") < 0)
         goto done;
-    }
     if (!(d = ga_op_result(st, &op, arg.out, out_dtype, plan.out_ndim, plan.out_shape)) ||
         !(av = ga_op_describable(st, &op, a)) || !(bv = ga_op_describable(st, &op, b)))
         goto done;
@@ -399,12 +396,7 @@ static int check_linear_shapes(const ArrayObject *x, const ArrayObject *w, const
                      (long long)x->shape[x->ndim - 1], (long long)w->shape[1]);
         return -1;
     }
-    if (bias && (bias->ndim != 1 || bias->shape[0] != w->shape[0])) {
-        PyErr_Format(PyExc_ValueError, "linear: bias must have shape (%lld,)",
-                     (long long)w->shape[0]);
-        return -1;
-    }
-    return 0;
+    return ga_op_check_bias("linear", bias, w->shape[0], "weight's out_features");
 }
 
 /* y = act(x @ w.T + bias), z the pre-activation when wanted (`x` as

@@ -488,6 +488,32 @@ ArrayObject *ga_op_empty(ga_state *st, const ga_op *op, ga_dtype dtype, int ndim
     return ga_array_empty(st, dtype, ndim, shape, op->device, 0, op->cuda_stream);
 }
 
+PyObject *ga_op_shape_tuple(int ndim, const int64_t *shape)
+{
+    PyObject *t = PyTuple_New(ndim);
+    for (int d = 0; t && d < ndim; d++) {
+        PyObject *v = PyLong_FromLongLong(shape[d]);
+        if (!v) {
+            Py_CLEAR(t);
+            break;
+        }
+        PyTuple_SET_ITEM(t, d, v);
+    }
+    return t;
+}
+
+int ga_op_check_bias(const char *op, const ArrayObject *bias, int64_t n, const char *what)
+{
+    if (!bias || (bias->ndim == 1 && bias->shape[0] == n))
+        return 0;
+    PyObject *given = ga_op_shape_tuple(bias->ndim, bias->shape);
+    if (given)
+        PyErr_Format(PyExc_ValueError, "%s: bias must have shape (%lld,) (%s), got shape %R", op,
+                     (long long)n, what, given);
+    Py_XDECREF(given);
+    return -1;
+}
+
 ArrayObject *ga_op_result(ga_state *st, const ga_op *op, PyObject *out_obj, ga_dtype dtype,
                           int ndim, const int64_t *shape)
 {
@@ -499,19 +525,23 @@ ArrayObject *ga_op_result(ga_state *st, const ga_op *op, PyObject *out_obj, ga_d
     int ok = out->ndim == ndim && memcmp(out->shape, shape, (size_t)ndim * 8) == 0;
     if (!ok || out->dtype != dtype || !ga_device_equal(out->device, op->device) ||
         (out->flags & GA_ARRAY_READONLY) || !element_strides_ok(out)) {
-        PyObject *want = PyTuple_New(ndim);
-        for (int d = 0; want && d < ndim; d++)
-            PyTuple_SET_ITEM(want, d, PyLong_FromLongLong(shape[d]));
-        char dev[32];
-        if (want)
+        PyObject *want = ga_op_shape_tuple(ndim, shape);
+        PyObject *given = want ? ga_op_shape_tuple(out->ndim, out->shape) : NULL;
+        char dev[32], out_dev[32];
+        if (given)
             PyErr_Format(PyExc_ValueError,
                          "%s: out must be a writable %s array of shape %R on %s; got one of shape "
-                         "%zd dims, dtype %s%s",
+                         "%R, dtype %s on %s%s%s",
                          op->name, ga_dtype_name(dtype), want,
-                         ga_device_str(op->device, dev, sizeof dev), (Py_ssize_t)out->ndim,
+                         ga_device_str(op->device, dev, sizeof dev), given,
                          ga_dtype_name(out->dtype),
-                         (out->flags & GA_ARRAY_READONLY) ? ", read-only" : "");
+                         ga_device_str(out->device, out_dev, sizeof out_dev),
+                         (out->flags & GA_ARRAY_READONLY) ? ", read-only" : "",
+                         element_strides_ok(out) ? ""
+                                                 : ", with strides that are not a whole number "
+                                                   "of elements");
         Py_XDECREF(want);
+        Py_XDECREF(given);
         Py_DECREF(out);
         return NULL;
     }

@@ -1,4 +1,4 @@
-"""A complete, short training script that uses the four parts of gpuaccel:
+"""A complete, short training script that uses the four parts of gpuaccel.
 
     FusedConv2d / FusedLinear   conv/matmul + bias + ReLU fused, forward and backward
     PinnedLoader                native threads -> pinned ring -> async copy -> normalize on arrival
@@ -13,7 +13,7 @@ The data is gpuaccel's procedural 10-class image set (generated once into
 """
 
 import argparse
-import os
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +21,7 @@ import torch.nn.functional as F
 import gpuaccel as ga
 import gpuaccel.torch as gt
 from gpuaccel import dataset
+from gpuaccel._cli import check_device
 
 
 def make_model():
@@ -35,14 +36,21 @@ def make_model():
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", default="cuda" if ga.cuda_available() else "cpu")
-    parser.add_argument("--steps", type=int, default=600)
-    parser.add_argument("--batch-size", type=int, default=128)
-    parser.add_argument("--samples", type=int, default=20000)
-    parser.add_argument("--data", default=os.path.join(os.path.expanduser("~"), ".cache", "gpuaccel", "data"))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     epilog="The four parts: FusedConv2d/FusedLinear, PinnedLoader, LossLogger, "
+                                            "DLPack (the loader's batches are torch tensors).")
+    parser.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda when usable, else cpu)")
+    parser.add_argument("--steps", type=int, default=600, help="training steps (default: 600)")
+    parser.add_argument("--batch-size", type=int, default=128, help="images per step (default: 128)")
+    parser.add_argument("--samples", type=int, default=20000,
+                        help="training images to generate (default: 20000; held-out: a fifth, at least 1000)")
+    parser.add_argument("--data", default=dataset.default_folder(),
+                        help="where generated sets are kept (default: %(default)s)")
     args = parser.parse_args(argv)
-    device = torch.device(args.device)
+    device = check_device(torch, args.device or ("cuda" if ga.cuda_available() and torch.cuda.is_available()
+                                                 else "cpu"))
+    if device is None:
+        return 2
     on_gpu = device.type == "cuda"
     files = dataset.ensure(args.data, args.samples, max(1000, args.samples // 5))
     mean, std = dataset.mean_std()
@@ -82,8 +90,8 @@ def main(argv=None):
             total += labels.shape[0]
     accuracy = correct / total
     print("held-out accuracy: %.1f%% (chance: 10%%)" % (100 * accuracy))
-    return accuracy
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -13,6 +13,7 @@ What changes for gpuaccel under DDP:
 
 import argparse
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -20,19 +21,26 @@ import torch.nn.functional as F
 
 import gpuaccel as ga
 from gpuaccel import dataset
+from gpuaccel._cli import check_device
 
 from train import make_model
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", default="cuda" if ga.cuda_available() else "cpu")
-    parser.add_argument("--steps", type=int, default=600)
-    parser.add_argument("--batch-size", type=int, default=128, help="per rank")
-    parser.add_argument("--samples", type=int, default=20000)
-    parser.add_argument("--data", default=os.path.join(os.path.expanduser("~"), ".cache", "gpuaccel", "data"))
+    parser.add_argument("--device", default=None, choices=("cuda", "cpu"),
+                        help="cuda (NCCL, one GPU per process: LOCAL_RANK) or cpu (gloo) (default: cuda when usable)")
+    parser.add_argument("--steps", type=int, default=600, help="training steps (default: 600)")
+    parser.add_argument("--batch-size", type=int, default=128, help="images per step on each rank (default: 128)")
+    parser.add_argument("--samples", type=int, default=20000,
+                        help="training images to generate (default: 20000; held-out: a fifth, at least 1000)")
+    parser.add_argument("--data", default=dataset.default_folder(),
+                        help="where generated sets are kept (default: %(default)s)")
     args = parser.parse_args(argv)
-    on_gpu = args.device.startswith("cuda")
+    args.device = args.device or ("cuda" if ga.cuda_available() and torch.cuda.is_available() else "cpu")
+    if check_device(torch, args.device) is None:
+        return 2
+    on_gpu = args.device == "cuda"
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     dist.init_process_group("nccl" if on_gpu else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -78,8 +86,8 @@ def main(argv=None):
     if rank == 0:
         print("final loss %.4f on %d ranks" % (final, world))
     dist.destroy_process_group()
-    return final
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

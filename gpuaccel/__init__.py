@@ -3,96 +3,24 @@
 Arrays that trade memory with torch/NumPy/CuPy/JAX through DLPack, fused
 mixed-precision kernels, a pinned data loader and an async loss logger.
 See README.md for the tour.
+
+This file stays small on purpose: imported from a source folder without a
+built extension (the repository root), it switches the package to the
+installed copy before anything else is imported (see _source.py).
 """
 
 import os as _os
 
-from ._libs import preload_cuda_libraries as _preload_cuda_libraries
+from . import _source
 
-_preload_cuda_libraries()
+if not _source.has_extension(_os.path.dirname(_os.path.abspath(__file__))):
+    _installed = _source.installed_copy(_os.path.dirname(_os.path.abspath(__file__)))
+    if _installed is None:
+        raise _source.missing_extension_error(_os.path.dirname(_os.path.abspath(__file__)))
+    __path__[:] = [_installed]
+    if __spec__ is not None:
+        __spec__.submodule_search_locations = __path__
+    __file__ = _os.path.join(_installed, "__init__.py")
 
-try:
-    from . import _C  # noqa: F401 - only to tell a missing extension from a broken one
-except ImportError as _exc:  # pragma: no cover - depends on the install
-    _here = _os.path.dirname(_os.path.abspath(__file__))
-    if not any(name.startswith("_C.") for name in _os.listdir(_here)):
-        raise ImportError(
-            "gpuaccel's compiled extension is missing from %s: this is the source folder, not "
-            "an installed package.  Install it with `pip install .` and run Python from "
-            "another folder (or use `pip install -e .`)." % _here
-        ) from _exc
-    raise ImportError(
-        "gpuaccel's extension could not be loaded: %s.  If a CUDA library is missing, install "
-        "the NVIDIA wheels (pip install torch brings them) or rebuild CPU-only with "
-        "GPUACCEL_NO_CUDA=1 pip install ." % _exc
-    ) from _exc
-
-from ._C import (  # noqa: E402
-    MAX_NDIM,
-    Array,
-    CublasError,
-    CudaError,
-    CudnnError,
-    Device,
-    Event,
-    OutOfMemoryError,
-    Stream,
-    asarray,
-    bfloat16,
-    bool_,
-    build_info,
-    built_with_cuda,
-    conv2d,
-    conv2d_backward,
-    conv_stats,
-    cuda_available,
-    current_stream,
-    default_device,
-    device_count,
-    device_properties,
-    empty,
-    empty_cache,
-    float16,
-    float32,
-    float64,
-    from_dlpack,
-    full,
-    get_deterministic,
-    get_matmul_precision,
-    int8,
-    int16,
-    int32,
-    int64,
-    linear,
-    linear_backward,
-    matmul,
-    matmul_stats,
-    memory_stats,
-    ones,
-    set_default_device,
-    set_deterministic,
-    set_matmul_precision,
-    set_memory_limit,
-    synchronize,
-    uint8,
-    zeros,
-)
-from .loader import ImageNormalize, PinnedLoader  # noqa: E402
-from .logger import LossLogger, NonFiniteError  # noqa: E402
-
-__version__ = "0.1.0"
-
-DTYPES = (bool_, uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64)
-
-__all__ = [
-    "Array", "CublasError", "CudaError", "CudnnError", "DTYPES", "Device", "Event", "MAX_NDIM",
-    "ImageNormalize", "LossLogger", "NonFiniteError", "OutOfMemoryError", "PinnedLoader", "Stream", "asarray",
-    "bfloat16", "bool_", "build_info", "built_with_cuda",
-    "conv2d", "conv2d_backward", "conv_stats", "cuda_available", "current_stream", "default_device", "device_count",
-    "device_properties",
-    "empty", "empty_cache", "float16", "float32", "float64", "from_dlpack", "full",
-    "get_deterministic", "get_matmul_precision", "int8", "int16", "int32", "int64", "linear",
-    "linear_backward", "matmul", "matmul_stats", "memory_stats", "ones", "set_default_device", "set_deterministic",
-    "set_matmul_precision", "set_memory_limit",
-    "synchronize", "uint8", "zeros",
-]
+from ._api import *  # noqa: F403
+from ._api import __all__, __version__  # noqa: F401

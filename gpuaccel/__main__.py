@@ -9,6 +9,8 @@ Without a command: a one-screen summary (the doctor's facts).
 
 import sys
 
+COMMANDS = ("doctor", "bench", "demo")
+
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -32,8 +34,14 @@ def main(argv=None):
         print(doctor.report(facts, doctor.diagnose(facts)))
         print("\n(python -m gpuaccel doctor | bench | demo --help)")
         return 0
-    print(__doc__.strip(), file=sys.stderr if command else sys.stdout)
-    return 0 if argv in (["-h"], ["--help"]) else 2
+    if command is not None:
+        from ._cli import nearest
+
+        guess = nearest(command, COMMANDS)
+        print("python -m gpuaccel: unknown command %r%s\n" % (command, "; did you mean %r?" % guess if guess else ""),
+              file=sys.stderr)
+    print(__doc__.strip(), file=sys.stderr if command or argv not in (["-h"], ["--help"]) else sys.stdout)
+    return 0 if command is None and argv in (["-h"], ["--help"]) else 2
 
 
 if __name__ == "__main__":

@@ -22,11 +22,13 @@ import os
 import statistics
 import sys
 import tempfile
+import textwrap
 import time
 
 import numpy as np
 
 import gpuaccel as ga
+from gpuaccel._cli import check_device
 
 GROUPS = ("bandwidth", "matmul", "linear", "conv", "loader", "logger")
 
@@ -82,7 +84,13 @@ class Row(dict):
 
 
 def _fill_ceilings(rows):
-    best = {}
+    """ceiling_fraction: the gpuaccel number over the best number (either
+    side) of rows of the same kind; only where a kind has more than one row
+    (a row alone is its own ceiling, and "100%" would say nothing)."""
+    best, count = {}, {}
+    for r in rows:
+        if r["ceiling_key"]:
+            count[r["ceiling_key"]] = count.get(r["ceiling_key"], 0) + 1
     for r in rows:
         if r["ceiling_key"]:
             for v in (r["gpuaccel"], r["torch"]):
@@ -90,7 +98,7 @@ def _fill_ceilings(rows):
                     best[r["ceiling_key"]] = max(best.get(r["ceiling_key"], 0.0), v)
     for r in rows:
         key = r.pop("ceiling_key")
-        if key and best.get(key):
+        if key and best.get(key) and count[key] > 1:
             r["ceiling_fraction"] = r["gpuaccel"] / best[key]
 
 
@@ -370,7 +378,19 @@ def _fmt(v):
     return "%.3g" % v if abs(v) < 100 else "%.0f" % v
 
 
-def table(rows, device_desc):
+NOTES = (
+    "gpuaccel/torch: > 1 is better for gpuaccel.  of ceiling: the gpuaccel number as a fraction of the best "
+    "number (either side) measured in this run for that kind of work (the same copy direction, the same matmul "
+    "dtype); shown where a kind has more than one row.",
+)
+CPU_NOTES = (
+    "On the CPU, loss.item() is a plain read (there is no device to wait for), so the logger row measures only "
+    "LossLogger's bookkeeping and can be below 1x; on a GPU each .item() stalls the host until the queue drains, "
+    "which is what LossLogger avoids.",
+)
+
+
+def table(rows, device_desc, on_gpu=True):
     header = ("group", "case", "unit", "gpuaccel", "torch", "gpuaccel/torch", "of ceiling")
     body = [(r["group"], r["case"], r["unit"], _fmt(r["gpuaccel"]), _fmt(r["torch"]),
              "-" if r["ratio"] is None else "%.2fx" % r["ratio"],
@@ -380,6 +400,9 @@ def table(rows, device_desc):
     lines.append("  ".join("%-*s" % (w, h) for w, h in zip(widths, header)))
     lines.append("-" * len(lines[-1]))
     lines.extend("  ".join("%-*s" % (w, c) for w, c in zip(widths, row)) for row in body)
+    notes = NOTES + (() if on_gpu or not any(r["group"] == "logger" for r in rows) else CPU_NOTES)
+    lines.append("")
+    lines.extend(textwrap.fill(note, 110) for note in notes)
     return "\n".join(lines)
 
 
@@ -428,21 +451,21 @@ def main(argv=None):
         print("bench compares with torch: pip install torch", file=sys.stderr)
         return 2
     device = args.device or ("cuda" if ga.cuda_available() and torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not (ga.cuda_available() and torch.cuda.is_available()):
-        print("--device cuda: no GPU usable by both gpuaccel and torch (run python -m gpuaccel doctor)",
-              file=sys.stderr)
+    if check_device(torch, device) is None:
         return 2
     desc = device_description(torch, device)
-    if not args.json:
-        print("benchmarking on %s ..." % desc, file=sys.stderr)
     rows = []
     for group in args.only or GROUPS:
+        if not args.json:  # progress on stderr, on one line; the table's header names the device
+            print("\rbenchmarking %-10s" % group, end="", file=sys.stderr, flush=True)
         rows.extend(BENCHES[group](torch, device, args.full))
+    if not args.json:
+        print("\r%s\r" % (" " * 24), end="", file=sys.stderr, flush=True)
     _fill_ceilings(rows)
     if args.json:
         print(json.dumps({"device": desc, "cuda": device == "cuda", "rows": rows}, indent=2))
     else:
-        print(table(rows, desc))
+        print(table(rows, desc, on_gpu=device == "cuda"))
     if args.plot:
         message = plot(rows, args.plot)
         if message:

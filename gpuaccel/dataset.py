@@ -60,15 +60,30 @@ def _images(labels, rng):
     return np.clip(images, 0, 255).astype(np.uint8)
 
 
+def default_folder():
+    """Where the demo and the examples keep generated sets:
+    $GPUACCEL_CACHE_DIR/data, else ~/.cache/gpuaccel/data."""
+    root = os.environ.get("GPUACCEL_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "gpuaccel")
+    return os.path.join(root, "data")
+
+
 def paths(folder):
     return {name: os.path.join(folder, "shapes_%s.npy" % name) for name in ("train_x", "train_y", "test_x", "test_y")}
 
 
 def ensure(folder, n_train=50000, n_test=10000, seed=0):
-    """Generates the set into `folder` once (kept between runs); returns the
-    paths of train_x, train_y, test_x, test_y."""
+    """Generates the set once into its own subfolder of `folder`, named by
+    what it holds (generator version, sample counts, seed), so that sets of
+    different sizes (the demo's, the examples') live side by side instead of
+    replacing each other; returns the paths of train_x, train_y, test_x,
+    test_y.  Each file is written under a temporary name and renamed when
+    complete, and meta.json last, so an interrupted run is redone, never
+    read half-written."""
+    if n_train < 1 or n_test < 1:
+        raise ValueError("ensure: n_train and n_test must be at least 1, got %d and %d" % (n_train, n_test))
+    folder = os.path.join(folder, "shapes-v%d-train%d-test%d-seed%d" % (_VERSION, n_train, n_test, seed))
     files = paths(folder)
-    meta_path = os.path.join(folder, "shapes_meta.json")
+    meta_path = os.path.join(folder, "meta.json")
     meta = {"version": _VERSION, "n_train": n_train, "n_test": n_test, "seed": seed}
     try:
         with open(meta_path) as f:
@@ -80,21 +95,26 @@ def ensure(folder, n_train=50000, n_test=10000, seed=0):
     rng = np.random.default_rng(seed)
     for split, n in (("train", n_train), ("test", n_test)):
         labels = rng.integers(0, len(CLASSES), size=n).astype(np.int64)
-        x = np.lib.format.open_memmap(files[split + "_x"] + ".tmp", mode="w+", dtype=np.uint8,
-                                      shape=(n, SIDE, SIDE, 3))
+        tmp = files[split + "_x"] + ".%d.tmp" % os.getpid()
+        x = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=(n, SIDE, SIDE, 3))
         for start in range(0, n, 4096):
             stop = min(n, start + 4096)
             x[start:stop] = _images(labels[start:stop], rng)
         x.flush()
         del x
-        os.replace(files[split + "_x"] + ".tmp", files[split + "_x"])
-        np.save(files[split + "_y"], labels)
-    with open(meta_path, "w") as f:
+        os.replace(tmp, files[split + "_x"])
+        tmp = files[split + "_y"] + ".%d.tmp" % os.getpid()
+        with open(tmp, "wb") as f:
+            np.save(f, labels)
+        os.replace(tmp, files[split + "_y"])
+    tmp = meta_path + ".%d.tmp" % os.getpid()
+    with open(tmp, "w") as f:
         json.dump(meta, f)
+    os.replace(tmp, meta_path)
     return files
 
 
 def mean_std():
-    """Per-channel mean and std of the images (in units of x/255), for the
-    normalization of both training paths."""
+    """Per-channel mean and std of the images on the 0-1 scale (pixel/255),
+    as ImageNormalize and torchvision's Normalize take them."""
     return [0.355, 0.355, 0.355], [0.27, 0.27, 0.27]  # measured on 5000 training images

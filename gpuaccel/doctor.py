@@ -43,12 +43,20 @@ def collect():
     import gpuaccel as ga
 
     info = ga.build_info()
+    try:
+        from gpuaccel import _build_config
+
+        note = _build_config.CUDA_BUILD_NOTE
+    except (ImportError, AttributeError):
+        note = ""
     facts = {
         "os": platform.platform(),
         "python": platform.python_version(),
         "numpy": numpy.__version__,
         "gpuaccel": ga.__version__,
+        "gpuaccel_path": os.path.dirname(os.path.abspath(ga._C.__file__)),
         "gpuaccel_built_with_cuda": info["built_with_cuda"],
+        "gpuaccel_build_note": note,
         "gpuaccel_cuda_archs": info["cuda_archs"],
         "gpuaccel_cuda_runtime": _version(info["cuda_runtime_built"]),
         "driver_version": _driver_version(),
@@ -98,11 +106,14 @@ def diagnose(f):
     driver = f.get("driver_cuda")
     runtime = f.get("gpuaccel_cuda_runtime")
     if not f.get("gpuaccel_built_with_cuda"):
-        if driver or gpus:
-            out.append((ERROR, "gpuaccel was built without CUDA, but this machine has an NVIDIA driver",
-                        "reinstall gpuaccel with the CUDA toolkit's nvcc on PATH (or CUDA_HOME set): pip install ."))
+        why = " (%s)" % f["gpuaccel_build_note"] if f.get("gpuaccel_build_note") else ""
+        if driver or gpus or f.get("driver_version"):
+            out.append((ERROR, "gpuaccel was built without CUDA%s, but this machine has an NVIDIA driver" % why,
+                        "reinstall gpuaccel with the CUDA toolkit's nvcc on PATH (or CUDA_HOME set): "
+                        "pip install --force-reinstall --no-cache-dir ."))
         else:
-            out.append((OK, "gpuaccel is a CPU-only build and there is no GPU: everything runs on the CPU", ""))
+            out.append((OK, "gpuaccel is a CPU-only build%s and there is no GPU: everything runs on the CPU" % why,
+                        ""))
     if f.get("gpuaccel_built_with_cuda"):
         if not driver:
             out.append((WARNING, "no NVIDIA driver was found: gpuaccel runs on the CPU",
@@ -189,7 +200,9 @@ def report(facts, findings):
         lines.append("  cuDNN       %s loaded (built %s)  %s" % (facts["cudnn_loaded"], facts["cudnn_built"],
                                                                  facts["cudnn_library"]))
     else:
-        lines.append("  gpuaccel    %s, CPU-only build" % facts["gpuaccel"])
+        lines.append("  gpuaccel    %s, CPU-ONLY BUILD%s: no GPU code" % (
+            facts["gpuaccel"], " (%s)" % facts["gpuaccel_build_note"] if facts.get("gpuaccel_build_note") else ""))
+    lines.append("              from %s" % facts["gpuaccel_path"])
     for gpu in facts["gpus"]:
         lines.append("  cuda:%d      %s, sm_%d%d, %.1f GiB, %d SMs" % (
             gpu["index"], gpu["name"], gpu["compute_capability"][0], gpu["compute_capability"][1],
@@ -202,11 +215,24 @@ def report(facts, findings):
         lines.append("  %s  %s" % (marks[level], what))
         if fix:
             lines.append("           fix: %s" % fix)
-    errors = sum(1 for level, _, _ in findings if level == ERROR)
     lines.append("")
-    lines.append("  %s" % ("consistent: nothing to fix" if not errors
-                           else "%d problem%s to fix" % (errors, "s" * (errors > 1))))
+    lines.append("  verdict: %s" % verdict(findings))
     return "\n".join(lines)
+
+
+def verdict(findings):
+    """One line that agrees with every finding: errors are problems to fix,
+    warnings are named as such, and only a clean list is "nothing to fix"."""
+    def count(n, word):
+        return "%d %s%s" % (n, word, "s" * (n != 1))
+
+    errors = sum(1 for level, _, _ in findings if level == ERROR)
+    warnings_ = sum(1 for level, _, _ in findings if level == WARNING)
+    if errors:
+        return "%s to fix%s" % (count(errors, "problem"), " and %s" % count(warnings_, "warning") if warnings_ else "")
+    if warnings_:
+        return "usable, with %s: see the fix%s above" % (count(warnings_, "warning"), "es" * (warnings_ != 1))
+    return "consistent: nothing to fix"
 
 
 def main(argv=None):
@@ -220,7 +246,8 @@ def main(argv=None):
     if args.json:
         print(json.dumps({"facts": facts,
                           "findings": [{"level": level, "finding": what, "fix": fix} for level, what, fix in findings],
-                          "consistent": not any(level == ERROR for level, _, _ in findings)}, indent=2))
+                          "consistent": not any(level == ERROR for level, _, _ in findings),
+                          "verdict": verdict(findings)}, indent=2))
     else:
         print(report(facts, findings))
     return 1 if any(level == ERROR for level, _, _ in findings) else 0

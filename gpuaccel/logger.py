@@ -25,6 +25,17 @@ class NonFiniteError(FloatingPointError):
     """A logged metric was NaN or infinite (raise_on_nonfinite=True)."""
 
 
+def _nonfinite_mean(values):
+    """The mean torch.mean would give a window holding non-finite values:
+    inf/-inf for infinities of one sign (and no NaN), else NaN.  `values` are
+    this rank's; when all of them are finite the non-finite ones came from
+    another rank, whose signs are not known here: NaN."""
+    bad = values[~np.isfinite(values)]
+    if len(bad) and not np.isnan(bad).any() and (bad > 0).all() == (bad > 0).any():
+        return math.inf if bad[0] > 0 else -math.inf
+    return math.nan
+
+
 class LossLogger(_C._LoggerCore):
     """Logs named scalars every step without synchronizing with the GPU.
 
@@ -33,8 +44,16 @@ class LossLogger(_C._LoggerCore):
     ``values[name]`` the window's mean.  `progress` may be a tqdm bar: its
     postfix shows the newest means.  ``reduce="mean"`` averages windows over
     the ranks of torch.distributed (all-reduced asynchronously, on the
-    training stream for CUDA values).  ``raise_on_nonfinite=True`` makes the
-    next log() after a NaN/inf arrived raise NonFiniteError.
+    training stream for CUDA values).
+
+    Non-finite values are never dropped silently: a window holding a NaN or
+    an infinity has a non-finite mean, as torch.mean would give it (inf or
+    -inf when its non-finite values are infinities of one sign, NaN
+    otherwise; NaN when they came from another rank), and summary() counts
+    them ("nonfinite") beside the mean of the finite values
+    ("finite_mean").  ``nonfinite_step``/``nonfinite_metric`` name the first
+    one.  With ``raise_on_nonfinite=True`` the first log(), flush() or
+    close() after it arrived raises NonFiniteError.
     """
 
     def __init__(self, every=50, *, on_log=None, progress=None, reduce=None, raise_on_nonfinite=False,
@@ -83,6 +102,8 @@ class LossLogger(_C._LoggerCore):
             self._history.setdefault(name, []).append((steps, values))
             count = stats[_COUNT]
             means[name] = stats[_SUM] / count if count else math.nan
+            if stats[_NONFINITE]:
+                means[name] = _nonfinite_mean(values)
             total = self._totals.setdefault(name, [0.0, 0.0, 0.0, -math.inf, math.inf])
             total[0] += stats[_SUM]
             total[1] += count
@@ -164,15 +185,21 @@ class LossLogger(_C._LoggerCore):
         value that has arrived, and the last window's mean."""
         out = {}
         for name, (s, count, bad, high, low) in self._totals.items():
-            out[name] = {"mean": s / count if count else math.nan, "min": low if count else math.nan,
-                         "max": high if count else math.nan, "count": int(count), "nonfinite": int(bad),
-                         "last": self._latest.get(name, math.nan)}
+            finite_mean = s / count if count else math.nan
+            out[name] = {"mean": math.nan if bad else finite_mean, "finite_mean": finite_mean,
+                         "min": low if count else math.nan, "max": high if count else math.nan,
+                         "count": int(count + bad), "nonfinite": int(bad), "last": self._latest.get(name, math.nan)}
         return out
 
     def flush(self):
         """Waits for every value logged so far (closing the partial window),
-        fires the remaining callbacks, and returns summary()."""
+        fires the remaining callbacks, and returns summary().  Raises
+        NonFiniteError (raise_on_nonfinite=True) when a value that arrived
+        was not finite and no log() has raised it yet."""
         self._flush_core()
+        error = self._take_error()
+        if error is not None:
+            raise error
         return self.summary()
 
     def close(self):

@@ -5,7 +5,10 @@ functions, importable as `helpers` through pyproject.toml's pythonpath):
   simulator build (the markers are declared in pyproject.toml);
 - fixtures: `rng` (a fresh seed per test, GPUACCEL_TEST_SEED pins it) and
   `no_limit` (no memory limit on the CPU pool, during and after the test);
-- a report hook that prints a failed test's seed, to reproduce it.
+- a report hook that prints a failed test's seed, to reproduce it;
+- a summary of the skipped tests grouped by reason, one line each (the
+  short summary, `-rfEX` in pyproject.toml, lists only failures, errors
+  and unexpected passes).
 """
 
 import os
@@ -63,3 +66,23 @@ def pytest_runtest_makereport(item, call):
             if name == "seed":
                 report.sections.append(("random seed", "GPUACCEL_TEST_SEED=%d" % value))
     return report
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Skips grouped by reason: how many, and in which files."""
+    groups = {}
+    for report in terminalreporter.stats.get("skipped", []):
+        if isinstance(report.longrepr, tuple):
+            path, _, reason = report.longrepr
+        else:
+            path, reason = report.nodeid.split("::")[0], str(report.longrepr)
+        reason = reason[len("Skipped: "):] if reason.startswith("Skipped: ") else reason
+        files = groups.setdefault(reason, {})
+        name = os.path.basename(str(path))
+        files[name] = files.get(name, 0) + 1
+    if not groups:
+        return
+    terminalreporter.section("skipped, by reason", sep="-")
+    for reason, files in sorted(groups.items(), key=lambda kv: -sum(kv[1].values())):
+        where = ", ".join("%s (%d)" % (name, n) for name, n in sorted(files.items()))
+        terminalreporter.write_line("%4d  %s: %s" % (sum(files.values()), reason, where))

@@ -394,14 +394,14 @@ def python_env(**overrides):
     return env
 
 
-def run_python(*argv, timeout=120, env=None, text=True):
-    """Runs this interpreter with `argv` (e.g. "-c", code) in the temporary
-    folder, outside the checkout (whose gpuaccel/ has no built extension),
-    with python_env(**env); returns the CompletedProcess, output captured.
+def run_python(*argv, timeout=120, env=None, text=True, cwd=None):
+    """Runs this interpreter with `argv` (e.g. "-c", code) in `cwd` (default:
+    the temporary folder, outside the checkout), with python_env(**env);
+    returns the CompletedProcess, output captured.
     A run past `timeout` seconds is killed and fails the test."""
     try:
         return subprocess.run([sys.executable, *map(str, argv)], timeout=timeout, capture_output=True, text=text,
-                              cwd=tempfile.gettempdir(), env=python_env(**(env or {})))
+                              cwd=cwd or tempfile.gettempdir(), env=python_env(**(env or {})))
     except subprocess.TimeoutExpired as e:
         err = e.stderr or b""
         if isinstance(err, bytes):

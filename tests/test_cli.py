@@ -3,6 +3,7 @@
 
 import json
 import os
+import shutil
 import sys
 
 import pytest
@@ -10,7 +11,7 @@ import pytest
 import gpuaccel as ga
 from gpuaccel import doctor
 
-from helpers import run_python
+from helpers import python_env, run_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -26,11 +27,18 @@ def run(*argv, timeout=600):
 def test_doctor_on_this_machine_is_consistent_and_json_is_well_formed():
     text = run("-m", "gpuaccel", "doctor")
     assert text.returncode == 0, text.stdout + text.stderr
-    assert "consistent: nothing to fix" in text.stdout
     out = run("-m", "gpuaccel", "doctor", "--json")
     assert out.returncode == 0
     data = json.loads(out.stdout)
     assert data["consistent"] is True
+    # one verdict, the same in both forms, that agrees with the findings
+    levels = [f["level"] for f in data["findings"]]
+    assert "verdict: %s" % data["verdict"] in text.stdout
+    assert ("nothing to fix" in data["verdict"]) == (set(levels) <= {"ok"})
+    assert ("warning" in data["verdict"]) == ("warning" in levels)
+    assert os.path.samefile(data["facts"]["gpuaccel_path"], os.path.dirname(ga._C.__file__))
+    if not ga.built_with_cuda():  # the CPU-only build says so where a user looks, with the reason
+        assert "CPU-ONLY BUILD" in text.stdout
     facts = data["facts"]
     assert facts["python"] == "%d.%d.%d" % sys.version_info[:3]
     assert facts["gpuaccel_built_with_cuda"] == ga.built_with_cuda()
@@ -50,7 +58,7 @@ def consistent_gpu_machine():
         "gpus": [{"index": 0, "name": "NVIDIA H100 80GB HBM3", "compute_capability": [9, 0],
                   "memory_gib": 79.2, "multiprocessors": 132}],
         "torch": "2.11.0+cu130", "torch_cuda": "13.0", "torch_cudnn": 91400, "torch_sees_gpu": True,
-        "visible_devices": None,
+        "visible_devices": None, "gpuaccel_path": "/site-packages/gpuaccel", "gpuaccel_build_note": "",
     }
 
 
@@ -63,7 +71,27 @@ def test_a_healthy_gpu_machine_has_no_errors_and_reports_tf32_bf16():
     assert errors(facts) == []
     assert any("TF32 and bfloat16" in what for level, what, fix in doctor.diagnose(facts) if level == doctor.OK)
     text = doctor.report(facts, doctor.diagnose(facts))
-    assert "H100" in text and "consistent: nothing to fix" in text
+    assert "H100" in text and "verdict: consistent: nothing to fix" in text
+
+
+@pytest.mark.parametrize("levels, expected", [
+    ([], "consistent: nothing to fix"),
+    (["ok", "ok"], "consistent: nothing to fix"),
+    (["ok", "warning"], "usable, with 1 warning: see the fix above"),
+    (["warning", "warning"], "usable, with 2 warnings: see the fixes above"),
+    (["error"], "1 problem to fix"),
+    (["error", "warning", "error"], "2 problems to fix and 1 warning"),
+])
+def test_the_verdict_agrees_with_the_findings(levels, expected):
+    assert doctor.verdict([(level, "what", "fix") for level in levels]) == expected
+
+
+def test_a_warning_is_never_followed_by_nothing_to_fix():
+    facts = consistent_gpu_machine()
+    facts["driver_cuda"], facts["gpus"] = None, []  # the README's example: a CUDA build without a driver
+    text = doctor.report(facts, doctor.diagnose(facts))
+    assert "warning  no NVIDIA driver" in text
+    assert "nothing to fix" not in text and "verdict: usable, with 1 warning" in text
 
 
 @pytest.mark.parametrize("change, words", [
@@ -115,6 +143,22 @@ def test_bench_json_on_the_cpu():
     assert max(r["ceiling_fraction"] for r in matmul) <= 1.0
 
 
+def test_bench_table_explains_its_columns_and_fills_ceilings_only_where_they_compare():
+    from gpuaccel import bench
+
+    rows = [bench.Row("bandwidth", "host->host copy", "GB/s", 10.0, 12.0, ceiling_key="h2h"),
+            bench.Row("matmul", "256 float32", "GFLOP/s", 30.0, 40.0, ceiling_key="mm32"),
+            bench.Row("matmul", "512 float32", "GFLOP/s", 50.0, 45.0, ceiling_key="mm32"),
+            bench.Row("logger", "per-step", "steps/s", 3.0, 6.0)]
+    bench._fill_ceilings(rows)
+    assert rows[0]["ceiling_fraction"] is None  # one row of its kind: no ceiling to compare with
+    assert rows[1]["ceiling_fraction"] == pytest.approx(30 / 50) and rows[2]["ceiling_fraction"] == 1.0
+    cpu = bench.table(rows, "MACHINE X", on_gpu=False)
+    assert cpu.count("MACHINE X") == 1 and "of ceiling: the gpuaccel number" in cpu
+    assert "loss.item() is a plain read" in cpu  # the CPU logger row is explained where it is shown
+    assert "plain read" not in bench.table(rows, "an H100", on_gpu=True)
+
+
 def test_bench_plot_without_matplotlib_says_so(tmp_path, monkeypatch):
     from gpuaccel import bench
 
@@ -152,7 +196,53 @@ def test_demo_only_one_side(tmp_path):
 
 def test_unknown_command_is_a_usage_error():
     out = run("-m", "gpuaccel", "frobnicate")
-    assert out.returncode == 2 and "doctor" in out.stderr
+    assert out.returncode == 2 and "unknown command 'frobnicate'" in out.stderr and "doctor" in out.stderr
+    assert "did you mean" not in out.stderr
+
+
+def test_a_mistyped_command_gets_the_nearest_one():
+    out = run("-m", "gpuaccel", "doktor")
+    assert out.returncode == 2
+    assert "unknown command 'doktor'; did you mean 'doctor'?" in out.stderr
+
+
+def test_help_goes_to_stdout_with_status_0():
+    out = run("-m", "gpuaccel", "--help")
+    assert out.returncode == 0 and "doctor" in out.stdout and out.stderr == ""
+
+
+@pytest.mark.parametrize("argv", [
+    ("-m", "gpuaccel", "demo", "--help"),
+    (os.path.join(ROOT, "examples", "train.py"), "--help"),
+    (os.path.join(ROOT, "examples", "train_ddp.py"), "--help"),
+])
+def test_help_texts_are_whole_and_every_option_has_one(argv):
+    out = run(*argv)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    assert not text.rstrip().endswith(":"), text[-300:]  # no description cut off before its list
+    options = [line.split()[0] for line in text.splitlines() if line.startswith("  --")]
+    assert options, text
+    lines = text.splitlines() + [""]
+    for i, line in enumerate(lines[:-1]):
+        if line.startswith("  --"):
+            # an option's help text is on its line (after the metavar) or the next
+            assert len(line.split()) > 2 or lines[i + 1].startswith(" " * 10), "no help for %s" % line
+
+
+@pytest.mark.parametrize("argv", [
+    ("-m", "gpuaccel", "demo", "--device", "cuda"),
+    (os.path.join(ROOT, "examples", "train.py"), "--device", "cuda"),
+    ("-m", "gpuaccel", "bench", "--device", "cuda"),
+])
+def test_an_unusable_cuda_device_fails_up_front_in_one_line(argv, tmp_path):
+    if ga.cuda_available():
+        pytest.skip("this machine has a usable GPU")
+    out = run(*argv, "--data", str(tmp_path)) if "bench" not in argv else run(*argv)
+    assert out.returncode == 2
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr  # one line, no traceback
+    assert "--device cuda" in out.stderr and "doctor" in out.stderr
+    assert not list(tmp_path.iterdir())  # and before generating any data
 
 
 # ---------------------------------------------------------------- examples
@@ -171,3 +261,24 @@ def test_example_ddp_script_runs_on_two_cpu_ranks(tmp_path):
               "--batch-size", "16", "--samples", "1000", "--data", tmp_path, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "(mean of 2 ranks)" in out.stdout and "final loss" in out.stdout
+
+
+# -------------------------------------------------------- the test suite
+
+def test_the_skip_summary_groups_skips_by_reason(tmp_path):
+    shutil.copy(os.path.join(ROOT, "tests", "conftest.py"), tmp_path / "conftest.py")
+    (tmp_path / "test_some.py").write_text(
+        "import pytest\n"
+        "@pytest.mark.parametrize('i', range(3))\n"
+        "def test_a(i):\n    pytest.skip('reason A')\n"
+        "def test_b():\n    pytest.skip('reason B')\n"
+        "def test_c():\n    pass\n")
+    out = run_python("-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfEX", str(tmp_path), cwd=tmp_path,
+                     env={"PYTHONPATH": os.pathsep.join([os.path.join(ROOT, "tests"),
+                                                         python_env()["PYTHONPATH"]])})
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if "skipped, by reason" in line)
+    assert lines[start + 1].split() == ["3", "reason", "A:", "test_some.py", "(3)"]
+    assert lines[start + 2].split() == ["1", "reason", "B:", "test_some.py", "(1)"]
+    assert not any(line.startswith("SKIPPED") for line in lines)

@@ -134,7 +134,8 @@ def test_shape_errors():
         ga.conv2d(ga.zeros((1, 4, 6, 6)), ga.zeros((6, 3, 3, 3)), groups=2)
     with pytest.raises(ValueError, match="4-D"):
         ga.conv2d(ga.zeros((4, 6, 6)), ga.zeros((6, 4, 3, 3)))
-    with pytest.raises(ValueError, match="bias must have shape \\(6,\\)"):
+    with pytest.raises(ValueError, match="bias must have shape \\(6,\\) \\(the output channels\\), "
+                                         "got shape \\(5,\\)"):
         ga.conv2d(ga.zeros((1, 4, 6, 6)), ga.zeros((6, 4, 3, 3)), ga.zeros(5))
     with pytest.raises(ValueError, match="gelu.*needs preactivation"):
         ga.conv2d_backward(ga.zeros((1, 6, 4, 4)), ga.zeros((1, 4, 6, 6)), ga.zeros((6, 4, 3, 3)), activation="gelu")

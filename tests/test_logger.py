@@ -19,12 +19,13 @@ torch = pytest.importorskip("torch")
 
 
 def windows_reference(values, every):
-    """(end step, mean of finite values) per window, in NumPy."""
+    """(end step, mean) per window, in NumPy float64 (NaN and inf propagate
+    as in torch.mean)."""
     out = []
     for start in range(0, len(values), every):
         chunk = np.asarray(values[start:start + every], dtype=np.float64)
-        finite = chunk[np.isfinite(chunk)]
-        out.append((start + len(chunk), finite.mean() if len(finite) else math.nan))
+        with np.errstate(invalid="ignore"):
+            out.append((start + len(chunk), chunk.mean()))
     return out
 
 
@@ -80,7 +81,8 @@ def test_first_nonfinite_step_and_raise(rng):
     summary = log.flush()
     assert log.nonfinite_step == 8 and log.nonfinite_metric == "loss"
     assert summary["loss"]["nonfinite"] == 2 and summary["other"]["nonfinite"] == 1
-    assert summary["loss"]["mean"] == 1.0  # means are over the finite values
+    assert math.isnan(summary["loss"]["mean"]) and summary["loss"]["finite_mean"] == 1.0
+    assert summary["loss"]["count"] == 20
 
     raising = ga.LossLogger(3, raise_on_nonfinite=True)
     raising.log(loss=1.0)
@@ -89,6 +91,61 @@ def test_first_nonfinite_step_and_raise(rng):
     with pytest.raises(ga.NonFiniteError, match="'loss' was inf at step 2"):
         raising.log(loss=3.0)
     raising.log(loss=4.0)  # raised once
+
+
+@pytest.mark.parametrize("values", [
+    [1.0, math.nan, math.nan, 3.0],       # the NaNs show: the window's mean is NaN
+    [1.0, math.inf, 2.0, 5.0],            # inf
+    [-math.inf, 0.5, -math.inf, 2.0],     # -inf
+    [math.inf, 1.0, -math.inf, 2.0],      # inf - inf: NaN
+    [math.nan, math.inf, 1.0, 1.0],
+    [2.0, 3.0, 5.0, 7.5],                 # finite: the plain mean
+])
+@pytest.mark.parametrize("kind", ["float", "tensor"])
+def test_a_nonfinite_value_makes_its_window_mean_nonfinite_like_torch(values, kind):
+    seen = []
+    log = ga.LossLogger(4, on_log=lambda step, v: seen.append(v["loss"]))
+    for v in values + [1.0, 2.0, 3.0, 4.0]:  # a second, finite window
+        log.log(loss=torch.tensor(v, dtype=torch.float32) if kind == "tensor" else v)
+    summary = log.flush()
+    want = float(torch.tensor(values, dtype=torch.float64).mean())
+    assert len(seen) == 2 and seen[1] == 2.5  # the next window is not affected
+    if math.isnan(want):
+        assert math.isnan(seen[0])
+    else:
+        assert seen[0] == pytest.approx(want)
+    bad = sum(1 for v in values if not math.isfinite(v))
+    assert summary["loss"]["nonfinite"] == bad and summary["loss"]["count"] == 8
+    assert math.isnan(summary["loss"]["mean"]) == (bad > 0)
+    finite = [v for v in values + [1.0, 2.0, 3.0, 4.0] if math.isfinite(v)]
+    assert summary["loss"]["finite_mean"] == pytest.approx(sum(finite) / len(finite))
+
+
+@pytest.mark.parametrize("end", ["flush", "close", "with"])
+def test_raise_on_nonfinite_raises_for_the_last_window_at_flush_or_close(end):
+    log = ga.LossLogger(2, raise_on_nonfinite=True)
+    log.log(loss=1.0)
+    log.log(loss=math.inf)
+    with pytest.raises(ga.NonFiniteError, match="'loss' was inf at step 2"):
+        if end == "with":
+            with log:
+                pass
+        else:
+            getattr(log, end)()
+    if end == "flush":  # raised once, not again by the next call
+        log.log(loss=1.0)
+        assert log.flush()["loss"]["nonfinite"] == 1
+        log.close()
+
+
+def test_raise_on_nonfinite_in_a_partial_window():
+    log = ga.LossLogger(50, raise_on_nonfinite=True)
+    for v in (1.0, 2.0, math.nan):
+        log.log(loss=v)
+    with pytest.raises(ga.NonFiniteError, match="'loss' was nan at step 3"):
+        log.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        log.log(loss=1.0)
 
 
 def test_bad_values_name_the_metric():
@@ -200,3 +257,5 @@ def test_distributed_mean_over_two_gloo_processes(tmp_path):
             assert values["count"] == pytest.approx(2.0)
         assert res["first_bad"] == 6  # found on rank 1, known on both
         assert res["summary"]["nonfinite"] == 1
+        # rank 1's NaN (step 6) shows in the second window's mean on both ranks
+        assert [math.isnan(values["bad"]) for _, values in windows] == [False, True, False]
