@@ -6,6 +6,7 @@ import os
 import re
 
 import pytest
+
 from helpers import run_python
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
