@@ -4,6 +4,7 @@ RSS: helpers.assert_no_leak), error paths included; 8 Python threads mixing
 arrays, DLPack exchanges, ops, loaders and loggers must get exactly the
 single-threaded results without deadlocking; long ops release the GIL."""
 
+import math
 import os
 import sys
 import threading
@@ -608,18 +609,40 @@ def _spin_rate():
     return n / (time.perf_counter() - t0)
 
 
+def _long_enough(make, seconds=0.25, max_scale=16):
+    """make(scale) -> a callable making one C call whose work grows with
+    `scale`.  Returns the callable at the scale whose call, timed alone here,
+    takes `seconds` (a fast machine gets more work, not a test too short to
+    tell GIL release from luck)."""
+    run = make(1)
+    t0 = time.perf_counter()
+    run()
+    took = time.perf_counter() - t0
+    if took >= seconds:
+        return run
+    return make(min(max_scale, math.ceil(1.2 * seconds / max(took, 1e-3))))
+
+
 @pytest.mark.parametrize("op", ["conv2d", "loader_wait", "linear_backward"])
 def test_other_long_work_releases_the_gil(op, tmp_path):
     rng = np.random.default_rng(6)
     if op == "conv2d":
-        x = ga.asarray(rng.standard_normal((24, 48, 48, 48)).astype(np.float32))
         w = ga.asarray(rng.standard_normal((64, 48, 3, 3)).astype(np.float32))
-        run = lambda: ga.conv2d(x, w, padding=1)  # noqa: E731
+
+        def make(scale):
+            x = ga.asarray(rng.standard_normal((24 * scale, 48, 48, 48)).astype(np.float32))
+            return lambda: ga.conv2d(x, w, padding=1)
+
+        run = _long_enough(make)
     elif op == "linear_backward":
-        x = ga.asarray(rng.standard_normal((1200, 1000)))
         w = ga.asarray(rng.standard_normal((900, 1000)))
-        gy = ga.asarray(rng.standard_normal((1200, 900)))
-        run = lambda: ga.linear_backward(gy, x, w)  # noqa: E731
+
+        def make(scale):
+            x = ga.asarray(rng.standard_normal((1200 * scale, 1000)))
+            gy = ga.asarray(rng.standard_normal((1200 * scale, 900)))
+            return lambda: ga.linear_backward(gy, x, w)
+
+        run = _long_enough(make)
     else:
         big = np.zeros((8, 32 << 20), dtype=np.uint8)  # 256 MiB in 8 batches: the consumer waits
         path = tmp_path / "big.npy"
