@@ -3,8 +3,13 @@ functions, importable as `helpers` through pyproject.toml's pythonpath):
 
 - skips by marker: `cuda` tests without a CUDA device, `gpu` tests on the
   simulator build (the markers are declared in pyproject.toml);
-- fixtures: `rng` (a fresh seed per test, GPUACCEL_TEST_SEED pins it) and
-  `no_limit` (no memory limit on the CPU pool, during and after the test);
+- seeds: every test runs with its own fixed seed, derived from its node id
+  (the same in every run, in CI and here), which seeds `rng`, NumPy's
+  global generator, Python's `random` and torch; GPUACCEL_TEST_SEED=<n>
+  gives every test seed n, GPUACCEL_TEST_SEED=random a fresh one per test
+  (and random hypothesis draws; by default hypothesis is derandomized);
+- fixtures: `rng` (a generator from the test's seed) and `no_limit` (no
+  memory limit on the CPU pool, during and after the test);
 - a report hook that prints a failed test's seed, to reproduce it;
 - a summary of the skipped tests grouped by reason, one line each (the
   short summary, `-rfEX` in pyproject.toml, lists only failures, errors
@@ -12,13 +17,15 @@ functions, importable as `helpers` through pyproject.toml's pythonpath):
 """
 
 import os
+import random
+import sys
 
 import numpy as np
 import pytest
 
 import gpuaccel
 
-from helpers import simulated
+from helpers import seed_for, simulated
 
 CUDA = gpuaccel.cuda_available()
 SIMULATED = simulated()
@@ -42,12 +49,22 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-@pytest.fixture
-def rng(request):
-    """A generator with a fresh seed per test (GPUACCEL_TEST_SEED pins it)."""
-    seed = int(os.environ.get("GPUACCEL_TEST_SEED", "0")) or int.from_bytes(os.urandom(4), "little")
+@pytest.fixture(autouse=True)
+def _seeded(request):
+    """Every source of randomness a test may use starts from its seed."""
+    seed = seed_for(request.node.nodeid)
     request.node.user_properties.append(("seed", seed))
-    return np.random.default_rng(seed)
+    random.seed(seed)
+    np.random.seed(seed)
+    if "torch" in sys.modules:
+        sys.modules["torch"].manual_seed(seed)
+    return seed
+
+
+@pytest.fixture
+def rng(_seeded):
+    """A NumPy generator from the test's seed (see _seeded)."""
+    return np.random.default_rng(_seeded)
 
 
 @pytest.fixture
@@ -64,7 +81,8 @@ def pytest_runtest_makereport(item, call):
     if report.failed:
         for name, value in item.user_properties:
             if name == "seed":
-                report.sections.append(("random seed", "GPUACCEL_TEST_SEED=%d" % value))
+                report.sections.append(("random seed", "reproduce with GPUACCEL_TEST_SEED=%d pytest '%s'"
+                                         % (value, item.nodeid)))
     return report
 
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 
 import numpy as np
 import pytest
@@ -20,6 +21,18 @@ INT_DTYPES = ["uint8", "int8", "int16", "int32", "int64"]
 # ~0.5 s of GPU time at H100 clocks, for torch.cuda._sleep (it spins for cycles):
 # long enough that work queued behind it is visibly still pending
 LONG_SLEEP_CYCLES = 1_000_000_000
+
+
+def seed_for(nodeid):
+    """The seed of the test (or module) `nodeid`: fixed by its id, so every
+    run draws the same inputs, unless GPUACCEL_TEST_SEED gives one (a
+    number) or asks for a fresh one per test ("random")."""
+    pinned = os.environ.get("GPUACCEL_TEST_SEED", "")
+    if pinned == "random":
+        return int.from_bytes(os.urandom(4), "little")
+    if pinned:
+        return int(pinned)
+    return zlib.crc32(nodeid.encode())
 
 
 def simulated():

@@ -282,3 +282,26 @@ def test_the_skip_summary_groups_skips_by_reason(tmp_path):
     assert lines[start + 1].split() == ["3", "reason", "A:", "test_some.py", "(3)"]
     assert lines[start + 2].split() == ["1", "reason", "B:", "test_some.py", "(1)"]
     assert not any(line.startswith("SKIPPED") for line in lines)
+
+
+def test_tests_draw_the_same_inputs_every_run_and_a_failure_says_how_to_reproduce_it(tmp_path):
+    shutil.copy(os.path.join(ROOT, "tests", "conftest.py"), tmp_path / "conftest.py")
+    (tmp_path / "test_draws.py").write_text(
+        "import random, numpy as np, torch\n"
+        "def test_draw(rng):\n"
+        "    print('DRAW', rng.integers(1 << 30), np.random.randint(1 << 30), random.random(), float(torch.rand(())))\n"
+        "    assert False\n")
+    env = {"PYTHONPATH": os.pathsep.join([os.path.join(ROOT, "tests"), python_env()["PYTHONPATH"]])}
+
+    def draw(**extra):
+        out = run_python("-m", "pytest", "-p", "no:cacheprovider", "-q", str(tmp_path), cwd=tmp_path,
+                         env=dict(env, **extra))
+        assert out.returncode == 1, out.stdout + out.stderr
+        line = next(line for line in out.stdout.splitlines() if line.startswith("DRAW"))
+        return line, out.stdout
+
+    first, text = draw()
+    assert draw()[0] == first  # fixed per test: the same inputs in every run
+    seed = int(text.split("reproduce with GPUACCEL_TEST_SEED=")[1].split()[0])
+    assert draw(GPUACCEL_TEST_SEED=str(seed))[0] == first  # what the failure prints reproduces it
+    assert draw(GPUACCEL_TEST_SEED="random")[0] != first  # fresh draws on request

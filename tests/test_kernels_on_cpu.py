@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from helpers import TOLERANCE, numpy_dtype
+from helpers import TOLERANCE, numpy_dtype, seed_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCHEDULES = ["forward", "reverse", "random:1"]
@@ -936,10 +936,10 @@ def outcome(case, d):
 
 
 @pytest.fixture(scope="module")
-def suite(tmp_path_factory):
+def suite(tmp_path_factory, request):
     """Every family's cases (one seed per module run), run once per
     schedule on the plain build: {schedule: (cases, outputs, launched)}."""
-    seed = int(os.environ.get("GPUACCEL_TEST_SEED", "0")) or int.from_bytes(os.urandom(4), "little")
+    seed = seed_for(request.node.nodeid)
     rng = np.random.default_rng(seed)
     cases = {family: make(rng) for family, make in FAMILIES.items()}
     flat = [c for family in FAMILIES for c in cases[family]]
@@ -990,11 +990,11 @@ def test_every_global_kernel_ran(suite):
 
 
 @pytest.mark.parametrize("variant", ["asan", "tsan"])
-def test_kernels_under_sanitizers(variant, tmp_path):
+def test_kernels_under_sanitizers(variant, tmp_path, request):
     """Every kernel again (fewer and smaller cases under TSan, which is
     slow) with AddressSanitizer + UBSan, or ThreadSanitizer told about
     the fibers and CUDA's barriers: no report, same results."""
-    seed = int(os.environ.get("GPUACCEL_TEST_SEED", "0")) or int.from_bytes(os.urandom(4), "little")
+    seed = seed_for(request.node.nodeid)
     rng = np.random.default_rng(seed)
     cases = [c for make in FAMILIES.values() for c in make(rng)]
     if variant == "tsan":  # a few copies and fills, the wide bias-gradient tiles once
