@@ -193,8 +193,8 @@ def test_dlpack_export_does_not_block_the_host():
     c = ga.asarray(torch.ones(5, device="cuda"))
     repr(b)
     elapsed = time.perf_counter() - start
-    still_running = not torch.cuda.current_stream().query()
-    assert still_running and elapsed < 0.1, (elapsed, still_running)
+    # the stream still runs the sleep queued before: nothing above waited for the GPU
+    assert not torch.cuda.current_stream().query(), "the exchange waited for the GPU (%.3f s)" % elapsed
     assert c.numpy().tolist() == [1.0] * 5
 
 
