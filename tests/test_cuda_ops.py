@@ -202,10 +202,20 @@ def test_autocast_bf16_on_cuda():
 
     layer = gt.FusedLinear(64, 96, activation="relu").cuda()
     conv = gt.FusedConv2d(3, 8, 3, padding=1, activation="relu").cuda()
+    x, img = torch.randn(10, 64, device="cuda"), torch.randn(2, 3, 9, 9, device="cuda")
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        y = layer(torch.randn(10, 64, device="cuda"))
-        z = conv(torch.randn(2, 3, 9, 9, device="cuda"))
+        y = layer(x)
+        z = conv(img)
     assert y.dtype == torch.bfloat16 and z.dtype == torch.bfloat16
+    # the values: bf16-rounded operands, float64 arithmetic; the bound is a few bf16 ulps of the output
+
+    def bf16(t):
+        return t.to(torch.bfloat16).double()
+
+    y_ref = torch.relu(bf16(x) @ bf16(layer.weight).T + bf16(layer.bias))
+    z_ref = torch.relu(torch.nn.functional.conv2d(bf16(img), bf16(conv.weight), bf16(conv.bias), padding=1))
+    torch.testing.assert_close(y.double(), y_ref, rtol=2 * 2.0 ** -8, atol=1e-2)
+    torch.testing.assert_close(z.double(), z_ref, rtol=2 * 2.0 ** -8, atol=1e-2)
 
 
 @pytest.mark.gpu
