@@ -109,6 +109,44 @@ def test_shards_are_disjoint_equal_and_match_distributed_sampler(rng, n, world, 
     assert not np.array_equal(orders[0], orders[1]) or n <= world
 
 
+@pytest.mark.parametrize("n, world", [(1, 1), (7, 3), (10, 4), (29, 5), (64, 8), (3, 7), (100, 6)])
+@pytest.mark.parametrize("batch", [1, 3, 8])
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_shard_geometries(n, world, batch, drop_last, shuffle):
+    """Every rank's samples, for counts and batch sizes that don't divide:
+    equal sizes; drop_last=False: every sample at least once, the shards
+    padded (with samples from the start of the epoch's order, as
+    DistributedSampler does) to ceil(n / world) each; drop_last=True: the
+    tail past world * (n // world) dropped, shards disjoint, then each cut to
+    whole batches."""
+    shards = []
+    for rank in range(world):
+        loader = ga.PinnedLoader([np.arange(n)], batch, rank=rank, world_size=world, drop_last=drop_last,
+                                 shuffle=shuffle, seed=3, output="gpuaccel")
+        batches = [b[0].numpy().tolist() for b in loader]
+        assert len(batches) == len(loader)
+        assert all(len(b) == batch for b in (batches if drop_last else batches[:-1]))
+        shards.append([i for b in batches for i in b])
+    per_rank = n // world if drop_last else -(-n // world)
+    expected = per_rank // batch * batch if drop_last else per_rank
+    assert [len(s) for s in shards] == [expected] * world
+    everything = [i for s in shards for i in s]
+    assert set(everything) <= set(range(n))
+    if drop_last:
+        assert len(set(everything)) == len(everything)  # disjoint: nothing padded
+    else:
+        assert set(everything) == set(range(n))  # nothing left out
+        assert len(everything) - n == world * per_rank - n  # repeats: the padding only
+    if not shuffle:  # the order of torch's sampler, rank r taking r, r + world, ...
+        from torch.utils.data.distributed import DistributedSampler
+
+        for rank, shard in enumerate(shards):
+            reference = list(DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=False,
+                                                drop_last=drop_last))
+            assert shard == reference[:expected]
+
+
 def test_resume_mid_epoch_gives_exactly_the_rest(rng):
     x, y = dataset(rng, 500)
     make = lambda: ga.PinnedLoader([x, y], 32, shuffle=True, seed=9, output="gpuaccel")  # noqa: E731
