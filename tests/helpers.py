@@ -71,6 +71,23 @@ TOLERANCE = {
 }
 
 
+# Unit roundoff of each float dtype (half an ulp, relative): 2^-p for p
+# bits of significand.
+UNIT_ROUNDOFF = {"bfloat16": 2.0 ** -8, "float16": 2.0 ** -11, "float32": 2.0 ** -24, "float64": 2.0 ** -53}
+
+
+def sum_tolerance(dtype, roundings=1):
+    """(atol, rtol) for assert_within of a result of `dtype` computed as a
+    sum of products and rounded `roundings` times to `dtype`, against a
+    float64 reference computed from the *same* (already rounded) inputs.
+    16-bit results accumulate in float32: a few float32 roundoffs per
+    sqrt(term) (atol, times sqrt(reduction) in assert_within) plus each
+    rounding to the output dtype, at most half an ulp of it, relative
+    (rtol).  A 1% error in bfloat16 (2.5 ulps) fails this bound."""
+    accumulate = "float64" if dtype == "float64" else "float32"
+    return 16 * UNIT_ROUNDOFF[accumulate], roundings * UNIT_ROUNDOFF[dtype] * 1.01
+
+
 def assert_close(actual, expected, dtype, scale=1.0):
     """actual within `scale` times `dtype`'s TOLERANCE of expected."""
     atol, rtol = TOLERANCE[dtype]
