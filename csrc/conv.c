@@ -358,7 +358,8 @@ static int run_conv2d_forward(ga_state *st, const ga_forward *f, const conv_args
     return ga_op_record(st, op, touched, 5);
 }
 
-PyObject *ga_py_conv2d(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+static PyObject *conv2d_entry(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                              PyObject *kwnames)
 {
     conv2d_args arg;
     ga_forward f;
@@ -537,8 +538,8 @@ static int run_conv2d_backward(ga_state *st, const ga_op *op, const ga_conv_geom
     return ga_op_record(st, op, touched, 5);
 }
 
-PyObject *ga_py_conv2d_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
-                                PyObject *kwnames)
+static PyObject *conv2d_backward_entry(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                                       PyObject *kwnames)
 {
     const char *name = "conv2d_backward";
     conv2d_backward_args arg;
@@ -596,4 +597,16 @@ done:
     Py_XDECREF(wv);
     Py_XDECREF(dz);
     return result;
+}
+
+PyObject *ga_py_conv2d(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    return ga_op_profiled("gpuaccel::conv2d", conv2d_entry, module, args, nargs, kwnames);
+}
+
+PyObject *ga_py_conv2d_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                                PyObject *kwnames)
+{
+    return ga_op_profiled("gpuaccel::conv2d_backward", conv2d_backward_entry, module, args, nargs,
+                          kwnames);
 }

@@ -648,8 +648,8 @@ error:
     return -1;
 }
 
-static PyObject *Logger_log(LoggerObject *lg, PyObject *const *args, Py_ssize_t nargs,
-                            PyObject *kwnames)
+static PyObject *log_entry(LoggerObject *lg, PyObject *const *args, Py_ssize_t nargs,
+                           PyObject *kwnames)
 {
     ga_state *st = ga_state_from_type(Py_TYPE(lg));
     if (!st)
@@ -814,6 +814,20 @@ static PyObject *Logger_log(LoggerObject *lg, PyObject *const *args, Py_ssize_t 
     Py_RETURN_NONE;
 error:
     return NULL;
+}
+
+/* log() inside a torch.profiler range "gpuaccel::logger_update" while
+ * torch's profiler records (see ga_op_profiled). */
+static PyObject *Logger_log(LoggerObject *lg, PyObject *const *args, Py_ssize_t nargs,
+                            PyObject *kwnames)
+{
+    ga_state *st = ga_state_from_type(Py_TYPE(lg));
+    if (!st)
+        return NULL;
+    PyObject *range = ga_torch_profile_begin(st, "gpuaccel::logger_update");
+    PyObject *result = log_entry(lg, args, nargs, kwnames);
+    ga_torch_profile_end(st, range);
+    return result;
 }
 
 /* ------------------------------------------------------ poll and flush */

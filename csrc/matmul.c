@@ -316,7 +316,8 @@ static int run_matmul(ga_state *st, const ga_op *op, const matmul_plan *p, Array
     return ga_op_record(st, op, touched, 4);
 }
 
-PyObject *ga_py_matmul(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+static PyObject *matmul_entry(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                              PyObject *kwnames)
 {
     matmul_args arg;
     ga_activation act;
@@ -444,7 +445,8 @@ done:
     return rc;
 }
 
-PyObject *ga_py_linear(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+static PyObject *linear_entry(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                              PyObject *kwnames)
 {
     linear_args arg;
     ga_forward f;
@@ -570,8 +572,8 @@ static ArrayObject *linear_grad_weight(ga_state *st, const ga_op *op, PyObject *
     return gw;
 }
 
-PyObject *ga_py_linear_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
-                                PyObject *kwnames)
+static PyObject *linear_backward_entry(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                                       PyObject *kwnames)
 {
     linear_backward_args arg;
     ga_backward g;
@@ -632,4 +634,21 @@ done:
     Py_XDECREF(xv);
     Py_XDECREF(wv);
     return result;
+}
+
+PyObject *ga_py_matmul(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    return ga_op_profiled("gpuaccel::matmul", matmul_entry, module, args, nargs, kwnames);
+}
+
+PyObject *ga_py_linear(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    return ga_op_profiled("gpuaccel::linear", linear_entry, module, args, nargs, kwnames);
+}
+
+PyObject *ga_py_linear_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                                PyObject *kwnames)
+{
+    return ga_op_profiled("gpuaccel::linear_backward", linear_backward_entry, module, args, nargs,
+                          kwnames);
 }

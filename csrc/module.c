@@ -138,6 +138,9 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->torch_raw_stream);
     Py_VISIT(st->torch_parameter_type);
     Py_VISIT(st->torch_is_neg);
+    Py_VISIT(st->torch_profiler_enabled);
+    Py_VISIT(st->torch_record_enter);
+    Py_VISIT(st->torch_record_exit);
     Py_VISIT(st->str_requires_grad);
     for (int d = 0; d < GA_NUM_DTYPES; d++)
         Py_VISIT(st->torch_dtypes[d]);
@@ -172,6 +175,9 @@ static int module_clear(PyObject *module)
     Py_CLEAR(st->torch_raw_stream);
     Py_CLEAR(st->torch_parameter_type);
     Py_CLEAR(st->torch_is_neg);
+    Py_CLEAR(st->torch_profiler_enabled);
+    Py_CLEAR(st->torch_record_enter);
+    Py_CLEAR(st->torch_record_exit);
     Py_CLEAR(st->str_requires_grad);
     st->torch_exchange_api = NULL;
     for (int d = 0; d < GA_NUM_DTYPES; d++)

@@ -59,7 +59,13 @@ typedef struct {
      * path) */
     const struct DLPackExchangeAPI *torch_exchange_api;
     PyObject *torch_parameter_type;
-    PyObject *torch_is_neg;      /* torch.Tensor.is_neg, the unbound method */
+    PyObject *torch_is_neg; /* torch.Tensor.is_neg, the unbound method */
+    /* torch's profiler: whether it records (torch._C._autograd._profiler_enabled),
+     * and, looked up at the first recorded range, the ops that open and close
+     * one (torch.ops.profiler._record_function_enter_new / _exit) */
+    PyObject *torch_profiler_enabled;
+    PyObject *torch_record_enter;
+    PyObject *torch_record_exit;
     PyObject *str_requires_grad; /* "requires_grad" */
     /* interned names and constants of the DLPack exchange (a hot path) */
     PyObject *str_dlpack;                /* "__dlpack__" */

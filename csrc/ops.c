@@ -663,3 +663,15 @@ error:
     Py_XDECREF(dz);
     return NULL;
 }
+
+/* ------------------------------------------------------------ profiling */
+
+PyObject *ga_op_profiled(const char *name, ga_op_entry entry, PyObject *module,
+                         PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    ga_state *st = ga_state_from_module(module);
+    PyObject *range = ga_torch_profile_begin(st, name);
+    PyObject *result = entry(module, args, nargs, kwnames);
+    ga_torch_profile_end(st, range);
+    return result;
+}

@@ -124,6 +124,17 @@ PyObject *ga_backward_result(const ga_backward *b);
 /* Releases the operands, the results and the op. */
 void ga_backward_end(ga_backward *b);
 
+/* ---- profiling */
+/* An op's Python entry point (METH_FASTCALL | METH_KEYWORDS). */
+typedef PyObject *(*ga_op_entry)(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
+                                 PyObject *kwnames);
+/* Calls `entry` inside a torch.profiler range "gpuaccel::<name>" while
+ * torch's profiler records (and without one otherwise, at the cost of one
+ * check), so a profiled training step names gpuaccel's ops on the CPU too;
+ * the CUDA side opens NVTX ranges of the same names. */
+PyObject *ga_op_profiled(const char *name, ga_op_entry entry, PyObject *module,
+                         PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
+
 /* ---- arguments */
 /* None, 'relu' or 'gelu'. */
 int ga_op_activation(PyObject *obj, ga_activation *out, const char *op);

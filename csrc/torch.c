@@ -58,6 +58,13 @@ static int load_torch(ga_state *st)
     st->torch_exchange_api = no_exchange && strcmp(no_exchange, "1") == 0
                                  ? NULL
                                  : ga_dlpack_exchange_api(st, (PyTypeObject *)tensor);
+    PyObject *c_module = PyObject_GetAttrString(torch, "_C");
+    PyObject *c_autograd = c_module ? PyObject_GetAttrString(c_module, "_autograd") : NULL;
+    st->torch_profiler_enabled =
+        c_autograd ? PyObject_GetAttrString(c_autograd, "_profiler_enabled") : NULL;
+    Py_XDECREF(c_autograd);
+    Py_XDECREF(c_module);
+    PyErr_Clear();
     st->torch_is_neg = PyObject_GetAttrString(tensor, "is_neg");
     if (!st->torch_is_neg) { /* not the torch gpuaccel knows: no tensor is one */
         PyErr_Clear();
@@ -264,4 +271,63 @@ ArrayObject *ga_from_torch(ga_state *st, PyObject *t)
     ArrayObject *arr = wrap_resolved(st, resolved);
     Py_DECREF(resolved);
     return arr;
+}
+
+/* ------------------------------------------------------ profiler ranges */
+
+static int profiler_ops(ga_state *st)
+{
+    if (st->torch_record_enter && st->torch_record_exit)
+        return 1;
+    PyObject *modules = PyImport_GetModuleDict();
+    PyObject *torch = modules ? PyDict_GetItemString(modules, "torch") : NULL;
+    PyObject *ops = torch ? PyObject_GetAttrString(torch, "ops") : NULL;
+    PyObject *profiler = ops ? PyObject_GetAttrString(ops, "profiler") : NULL;
+    if (profiler) {
+        st->torch_record_enter = PyObject_GetAttrString(profiler, "_record_function_enter_new");
+        st->torch_record_exit = PyObject_GetAttrString(profiler, "_record_function_exit");
+    }
+    Py_XDECREF(profiler);
+    Py_XDECREF(ops);
+    if (!st->torch_record_enter || !st->torch_record_exit) {
+        Py_CLEAR(st->torch_record_enter);
+        Py_CLEAR(st->torch_record_exit);
+        PyErr_Clear();
+        return 0;
+    }
+    return 1;
+}
+
+PyObject *ga_torch_profile_begin(ga_state *st, const char *name)
+{
+    if (!load_torch(st) || !st->torch_profiler_enabled)
+        return Py_NewRef(Py_None);
+    PyObject *on = PyObject_CallNoArgs(st->torch_profiler_enabled);
+    int recording = on == Py_True;
+    Py_XDECREF(on);
+    if (!recording || !profiler_ops(st)) {
+        PyErr_Clear();
+        return Py_NewRef(Py_None);
+    }
+    PyObject *handle = PyObject_CallFunction(st->torch_record_enter, "sO", name, Py_None);
+    if (!handle) {
+        PyErr_Clear();
+        return Py_NewRef(Py_None);
+    }
+    return handle;
+}
+
+void ga_torch_profile_end(ga_state *st, PyObject *handle)
+{
+    if (handle == Py_None || !handle) {
+        Py_XDECREF(handle);
+        return;
+    }
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyObject *r = PyObject_CallOneArg(st->torch_record_exit, handle);
+    Py_XDECREF(r);
+    PyErr_Clear();
+    PyErr_Restore(type, value, traceback);
+    Py_DECREF(handle);
 }

@@ -34,4 +34,13 @@ ArrayObject *ga_from_torch(ga_state *st, PyObject *tensor);
  * untouched); -1 with torch's exception when asking failed. */
 int ga_torch_current_stream(ga_state *st, int device, ga_stream *out);
 
+/* A torch.profiler range named `name` (e.g. "gpuaccel::matmul") while
+ * torch's profiler records: a handle for ga_torch_profile_end; Py_None
+ * otherwise (torch not imported, or not profiling: one C call's cost).
+ * Never fails: a range that cannot be opened is skipped. */
+PyObject *ga_torch_profile_begin(ga_state *st, const char *name);
+/* Closes the range (takes the reference); an exception pending from the
+ * op is kept. */
+void ga_torch_profile_end(ga_state *st, PyObject *handle);
+
 #endif

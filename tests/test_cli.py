@@ -224,6 +224,8 @@ def test_help_goes_to_stdout_with_status_0():
     ("-m", "gpuaccel", "demo", "--help"),
     (os.path.join(ROOT, "examples", "train.py"), "--help"),
     (os.path.join(ROOT, "examples", "train_ddp.py"), "--help"),
+    (os.path.join(ROOT, "examples", "export_onnx.py"), "--help"),
+    (os.path.join(ROOT, "examples", "train_checkpointed.py"), "--help"),
 ])
 def test_help_texts_are_whole_and_every_option_has_one(argv):
     out = run(*argv)
@@ -262,6 +264,22 @@ def test_example_training_script_runs_on_the_cpu(tmp_path):
     assert out.returncode == 0, out.stderr
     accuracy = float(out.stdout.split("held-out accuracy:")[1].split("%")[0])
     assert accuracy > 40
+
+
+def test_example_onnx_export_runs_in_onnxruntime(tmp_path):
+    pytest.importorskip("onnxruntime")
+    out = run(os.path.join(ROOT, "examples", "export_onnx.py"), "--out", str(tmp_path / "m.onnx"))
+    assert out.returncode == 0, out.stderr
+    assert "Conv" in out.stdout and "Gemm" in out.stdout and (tmp_path / "m.onnx").exists()
+    assert float(out.stdout.split("largest difference")[1]) < 1e-4
+
+
+def test_example_checkpointed_accumulating_training_learns(tmp_path):
+    out = run(os.path.join(ROOT, "examples", "train_checkpointed.py"), "--device", "cpu", "--steps", "30",
+              "--batch-size", "16", "--micro-batches", "3", "--samples", "2000", "--data", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    losses = [float(line.split("loss")[1]) for line in out.stdout.splitlines() if line.startswith("step")]
+    assert len(losses) == 3 and losses[-1] < 0.8 * losses[0], losses  # ln(10) = 2.3 at the start
 
 
 def test_example_ddp_script_runs_on_two_cpu_ranks(tmp_path):

@@ -114,6 +114,7 @@ bool is_aligned(const void *p, const int64_t *strides, int ndim, size_t itemsize
 extern "C" ga_status ga_cuda_copy(int device, const ga_tensor *dst, const ga_tensor *src,
                                   ga_stream stream)
 {
+    GA_NVTX_RANGE("copy");
     GA_TRY_STATUS(ga_check_copy(dst, src, __func__));
     ga_pair_layout L;
     int64_t numel = ga_pair_layout_make(dst, src, &L);

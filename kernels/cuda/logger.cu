@@ -40,6 +40,7 @@ __global__ void logger_reset_kernel(void *state, int max_metrics, int64_t capaci
 
 extern "C" ga_status ga_cuda_logger_update(int device, const ga_logger_update *u, ga_stream stream)
 {
+    GA_NVTX_RANGE("logger_update");
     if (u->n < 0 || u->n > GA_LOGGER_MAX_PER_CALL || u->capacity < 1 || u->max_metrics < 1 ||
         u->max_metrics > GA_LOGGER_MAX_METRICS)
         return GA_STATUS(GA_ERR_INVALID_VALUE, "logger: bad update");

@@ -55,6 +55,7 @@ __global__ void normalize_kernel(ga_normalize_desc d, int64_t total)
 extern "C" ga_status ga_cuda_normalize_images(int device, const ga_normalize_desc *desc,
                                               ga_stream stream)
 {
+    GA_NVTX_RANGE("normalize");
     if (desc->n < 0 || desc->h < 0 || desc->w < 0 || desc->c < 1 ||
         desc->c > GA_NORMALIZE_MAX_CHANNELS || !ga_dtype_is_float(desc->dtype))
         return GA_STATUS(GA_ERR_INVALID_VALUE, "normalize: bad shape, channels or dtype");

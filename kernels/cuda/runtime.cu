@@ -428,6 +428,7 @@ extern "C" ga_status ga_cuda_host_free(void *ptr)
 extern "C" ga_status ga_cuda_memcpy_async(int device, void *dst, const void *src, size_t size,
                                           ga_stream stream)
 {
+    GA_NVTX_RANGE("copy");
     if (size == 0)
         return ga_ok();
     GA_WITH_DEVICE(device);

@@ -1,0 +1,203 @@
+"""Training and deployment as the guides do them, with the fused layers in
+place of torch's: ONNX export (both exporters) checked in onnxruntime,
+activation checkpointing, gradient accumulation (and DDP's no_sync),
+autocast with a GradScaler, torch.compile, and the profiler's names.
+Gradients are compared with torch's unfused layers holding the same
+weights."""
+
+import numpy as np
+import pytest
+
+import gpuaccel as ga
+
+torch = pytest.importorskip("torch")
+import gpuaccel.torch as gt  # noqa: E402 - after torch's importorskip
+
+F = torch.nn.functional
+
+
+def models(seed=0, dtype=torch.float32):
+    """A small CNN twice: gpuaccel's fused layers, and torch's unfused
+    layers with the same weights."""
+    torch.manual_seed(seed)
+    fused = torch.nn.Sequential(
+        gt.FusedConv2d(3, 6, 3, padding=1, activation="relu"), torch.nn.MaxPool2d(2),
+        gt.FusedConv2d(6, 5, 3, padding=1, activation="gelu"), torch.nn.Flatten(),
+        gt.FusedLinear(5 * 4 * 4, 12, activation="gelu"), gt.FusedLinear(12, 7, activation="relu"),
+        gt.FusedLinear(7, 4)).to(dtype)
+    plain = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 6, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(6, 5, 3, padding=1), torch.nn.GELU(approximate="tanh"), torch.nn.Flatten(),
+        torch.nn.Linear(5 * 4 * 4, 12), torch.nn.GELU(approximate="tanh"), torch.nn.Linear(12, 7),
+        torch.nn.ReLU(), torch.nn.Linear(7, 4)).to(dtype)
+    with torch.no_grad():
+        for p, q in zip(plain.parameters(), fused.parameters()):
+            p.copy_(q)
+    return fused, plain
+
+
+def batch(n=5, seed=1, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 3, 8, 8, generator=g).to(dtype), torch.randint(0, 4, (n,), generator=g)
+
+
+def grads(model):
+    return [p.grad.detach().clone() for p in model.parameters()]
+
+
+def assert_grads_equal(fused, plain, rtol=1e-5, atol=1e-6):
+    for (name, p), q in zip(fused.named_parameters(), plain.parameters()):
+        assert p.grad is not None, name
+        torch.testing.assert_close(p.grad, q.grad, rtol=rtol, atol=atol, msg=name)
+
+
+# -------------------------------------------------------------------- ONNX
+
+@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
+def test_onnx_export_uses_standard_ops_and_runs_in_onnxruntime(dynamo, tmp_path):
+    onnx = pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    fused, _ = models()
+    fused.eval()
+    x, _ = batch(3)
+    path = str(tmp_path / "model.onnx")
+    torch.onnx.export(fused, (x,), path, dynamo=dynamo)
+    graph = onnx.load(path).graph
+    ops = {(n.domain, n.op_type) for n in graph.node}
+    assert all(domain in ("", "ai.onnx") for domain, _ in ops), ops  # no custom domain: any runtime runs it
+    kinds = {op for _, op in ops}
+    assert "Conv" in kinds and ("Gemm" in kinds or "MatMul" in kinds) and "Relu" in kinds, kinds
+    for node in graph.node:  # GELU as ONNX's Gelu with the tanh approximation, or its expansion with Tanh
+        if node.op_type == "Gelu":
+            assert {a.name: a.s for a in node.attribute}.get("approximate") == b"tanh", node
+    assert "Gelu" in kinds or "Tanh" in kinds, kinds
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    x2, _ = batch(3, seed=7)  # other values than the ones traced (the same shape: exports are static here)
+    for inp in (x, x2):
+        got = session.run(None, {session.get_inputs()[0].name: inp.numpy()})[0]
+        with torch.no_grad():
+            np.testing.assert_allclose(got, fused(inp).numpy(), rtol=1e-4, atol=1e-5)
+
+
+# ----------------------------------------------- checkpointing, accumulation
+
+@pytest.mark.parametrize("use_reentrant", [False, True])
+def test_activation_checkpointing_gives_the_unfused_gradients(use_reentrant):
+    from torch.utils.checkpoint import checkpoint, checkpoint_sequential
+
+    fused, plain = models()
+    x, y = batch()
+    x.requires_grad_(True)
+    x_plain = x.detach().clone().requires_grad_(True)
+    out = checkpoint_sequential(fused, 3, x, use_reentrant=use_reentrant)
+    F.cross_entropy(out, y).backward()
+    F.cross_entropy(plain(x_plain), y).backward()
+    assert_grads_equal(fused, plain)
+    torch.testing.assert_close(x.grad, x_plain.grad, rtol=1e-5, atol=1e-6)
+    # one layer under checkpoint(): its forward runs again in the backward
+    layer = gt.FusedLinear(9, 6, activation="gelu")
+    ref = torch.nn.Linear(9, 6)
+    ref.load_state_dict(layer.state_dict())
+    v = torch.randn(4, 9, requires_grad=True)
+    checkpoint(layer, v, use_reentrant=use_reentrant).square().sum().backward()
+    F.gelu(ref(v.detach()), approximate="tanh").square().sum().backward()
+    torch.testing.assert_close(layer.weight.grad, ref.weight.grad, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(layer.bias.grad, ref.bias.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_gradient_accumulation_over_micro_batches_equals_one_big_batch():
+    fused, plain = models()
+    x, y = batch(12)
+    for xm, ym in zip(x.split(4), y.split(4)):  # three micro-batches, the loss scaled as the guides do
+        (F.cross_entropy(fused(xm), ym) / 3).backward()
+    F.cross_entropy(plain(x), y).backward()  # one batch of all twelve
+    assert_grads_equal(fused, plain)
+
+
+def test_ddp_no_sync_accumulates_then_syncs(tmp_path):
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not available")
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        fused, plain = models()
+        ddp_fused = torch.nn.parallel.DistributedDataParallel(fused)
+        ddp_plain = torch.nn.parallel.DistributedDataParallel(plain)
+        x, y = batch(8)
+        for model in (ddp_fused, ddp_plain):
+            with model.no_sync():  # the first micro-batch: no all-reduce
+                F.cross_entropy(model(x[:4]), y[:4]).backward()
+            F.cross_entropy(model(x[4:]), y[4:]).backward()  # the last: all-reduce of the sum
+        assert_grads_equal(fused, plain)
+    finally:
+        dist.destroy_process_group()
+
+
+# --------------------------------------------------------- mixed precision
+
+def test_autocast_bf16_with_a_grad_scaler_on_the_cpu():
+    fused, plain = models()
+    x, y = batch(6)
+    scalers = [torch.amp.GradScaler("cpu", init_scale=2.0 ** 8) for _ in range(2)]
+    for model, scaler in zip((fused, plain), scalers):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(x)
+            assert out.dtype == torch.bfloat16  # computed in the autocast dtype, as torch's layers
+            loss = F.cross_entropy(out.float(), y)
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+    # bf16 arithmetic on both sides, different kernels: bf16-sized tolerances
+    for (name, p), q in zip(fused.named_parameters(), plain.parameters()):
+        scale = float(q.grad.abs().max()) + 1e-3
+        torch.testing.assert_close(p.grad, q.grad, rtol=0.05, atol=0.03 * scale, msg=name)
+
+
+@pytest.mark.cuda
+@pytest.mark.gpu
+def test_autocast_fp16_with_a_grad_scaler_on_cuda():
+    fused, plain = (m.cuda() for m in models())
+    x, y = (t.cuda() for t in batch(6))
+    for model in (fused, plain):
+        scaler = torch.amp.GradScaler("cuda")
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with torch.autocast("cuda", dtype=torch.float16):
+            loss = F.cross_entropy(model(x).float(), y)
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+    for (name, p), q in zip(fused.named_parameters(), plain.parameters()):
+        scale = float(q.grad.abs().max()) + 1e-3
+        torch.testing.assert_close(p.grad, q.grad, rtol=0.01, atol=0.01 * scale, msg=name)
+
+
+# ------------------------------------------------------------ torch.compile
+
+def test_torch_compile_gives_the_eager_gradients():
+    fused, plain = models()
+    x, y = batch()
+    compiled = torch.compile(fused, backend="aot_eager", fullgraph=True)  # the custom ops, no graph break
+    F.cross_entropy(compiled(x), y).backward()
+    F.cross_entropy(plain(x), y).backward()
+    assert_grads_equal(fused, plain)
+
+
+# ----------------------------------------------------------------- profiler
+
+def test_a_profiled_training_step_names_the_gpuaccel_ops():
+    fused, _ = models()
+    x = np.random.default_rng(0).random((8, 3, 8, 8), dtype=np.float32)
+    loader = ga.PinnedLoader([x, np.arange(8) % 4], 4)
+    log = ga.LossLogger(2)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for images, labels in loader:
+            loss = F.cross_entropy(fused(images), labels)
+            loss.backward()
+            log.log(loss=loss.detach())
+            ga.matmul(np.ones((3, 4), np.float32), np.ones((4, 2), np.float32))  # a plain op too
+    log.close()
+    names = {e.key for e in prof.key_averages()}
+    for op in ("conv2d", "conv2d_backward", "linear", "linear_backward", "matmul", "loader_batch",
+               "logger_update"):
+        assert "gpuaccel::" + op in names, sorted(n for n in names if "gpuaccel" in n)
