@@ -538,46 +538,57 @@ import sys, threading, time
 import numpy as np, gpuaccel as ga
 
 mode = sys.argv[1]
+said = []
+def ready():                       # once the work is under way (its first round done), not after a guessed time
+    if not said:
+        said.append(1)
+        print("ready", flush=True)
+
 if mode == "loader_wait":          # the main thread waits in next() for slow batches
     big = np.zeros((64, 1 << 20), dtype=np.uint8)
     loader = ga.PinnedLoader([big], 16, num_threads=1, prefetch=0, output="gpuaccel")
-    print("ready", flush=True)
     while True:
         for batch in loader:
-            pass
+            ready()
 elif mode == "loader_busy":        # the main thread runs Python while the workers fill the ring
     x = np.zeros((200000, 64), dtype=np.uint8)
     loader = ga.PinnedLoader([x], 10, num_threads=2, prefetch=8, output="gpuaccel")
-    print("ready", flush=True)
     while True:
         for batch in loader:
             sum(range(2000))
+            ready()
 elif mode == "torch_loader":       # torch output, shuffled file source
     import torch, tempfile, os
     path = os.path.join(tempfile.mkdtemp(), "x.npy")
     np.save(path, np.zeros((20000, 3 * 32 * 32), dtype=np.uint8).reshape(20000, 32, 32, 3))
     loader = ga.PinnedLoader([path], 64, shuffle=True, num_threads=2,
                              transform=ga.ImageNormalize(0.5, 0.25))
-    print("ready", flush=True)
     while True:
         for (xb,) in loader:
             xb.float().mean()
+            ready()
 elif mode == "matmul":             # a long op with the GIL released
     a = ga.asarray(np.random.default_rng(0).standard_normal((1500, 1500)))
-    print("ready", flush=True)
     while True:
         ga.matmul(a, a)
+        ready()
 elif mode == "threads":            # 8 daemon threads iterating loaders; main thread joins
     x = np.zeros((20000, 256), dtype=np.uint8)
+    started = threading.Semaphore(0)
     def work(k):
         loader = ga.PinnedLoader([x], 8, num_threads=2, output="gpuaccel")
+        first = True
         while True:
             for batch in loader:
-                pass
+                if first:
+                    first = False
+                    started.release()
     threads = [threading.Thread(target=work, args=(k,), daemon=True) for k in range(8)]
     for t in threads:
         t.start()
-    print("ready", flush=True)
+    for t in threads:
+        started.acquire()          # every thread has its first batch
+    ready()
     while True:
         for t in threads:
             t.join(0.1)
@@ -589,9 +600,8 @@ def test_sigint_exits_with_keyboard_interrupt(mode):
     proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(SIGINT_SCRIPT), mode], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=tempfile.gettempdir(), env=python_env())
     try:
-        line = proc.stdout.readline().strip()
+        line = proc.stdout.readline().strip()  # printed once the work is under way
         assert line == "ready", proc.stderr.read()
-        time.sleep(0.3)
         proc.send_signal(signal.SIGINT)
         t0 = time.monotonic()
         try:
