@@ -173,9 +173,14 @@ ga_status finalize_status(cudnnStatus_t s, const char *call, const char *file, i
     if (s == CUDNN_STATUS_SUCCESS)
         return ga_ok();
     if (soft_failure(s)) {
+        /* cuDNN's own words, read right after the failing call (the text
+         * outlives later successful calls, so it is never read otherwise) */
+        static thread_local char detail[512];
+        detail[0] = '\0';
+        cudnnGetLastErrorString(detail, sizeof detail);
         (void)cudaGetLastError(); /* a failed module load must not be blamed on a later launch */
         return ga_status_make(GA_ERR_NOT_SUPPORTED, (int)s, cudnnGetErrorString(s),
-                              "cuDNN rejected this graph", call, file, line);
+                              detail[0] ? detail : "cuDNN rejected this graph", call, file, line);
     }
     return ga_cudnn_error(s, call, file, line);
 }
