@@ -18,8 +18,15 @@ paddings, strides, dilations, the pointwise chain, the variant pack's
 UIDs.  It also reports how many engine configs heuristics mode A offers
 each graph (a fused graph with none is a fusion that never runs).
 
-cuBLASLt's matmul descriptors are not covered here (see the closing note
-of issue 19): its heuristic query needs a device.
+The same for kernels/cuda/matmul.cu's cuBLASLt call: for matmul and
+linear with each epilogue (BIAS, RELU_BIAS, GELU_BIAS, GELU_AUX(_BIAS),
+DGELU_BGRAD, BGRADB), each transpose and batch case and every dtype, the
+four layouts, the matmul descriptor and the preference are built as
+ga_cuda_matmul builds them and read back: the row-major to column-major
+swap (cuBLASLt's A is our B^T, its m is our N), the leading dimensions,
+the epilogue, the bias data type, the aux leading dimension, the compute
+and scale types, the reduction schemes of deterministic mode.  (cuBLASLt's
+heuristic query needs a device: not asked.)
 """
 
 import ctypes
@@ -36,7 +43,7 @@ import tempfile
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SOURCES = [os.path.join(ROOT, "kernels", "cuda", "conv.cu"),
+SOURCES = [os.path.join(ROOT, "kernels", "cuda", "conv.cu"), os.path.join(ROOT, "kernels", "cuda", "matmul.cu"),
            os.path.join(ROOT, "tests", "descriptors", "probe_stubs.cu")]
 HEADERS = (glob.glob(os.path.join(ROOT, "kernels", "*.h")) + glob.glob(os.path.join(ROOT, "kernels", "cuda", "*.h")) +
            glob.glob(os.path.join(ROOT, "kernels", "cuda", "*.cuh")))
@@ -60,6 +67,20 @@ class Geometry(ctypes.Structure):
                 ("groups", ctypes.c_int), ("allow_tf32", ctypes.c_int), ("deterministic", ctypes.c_int)]
 
 
+class Matrix(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int), ("rows", ctypes.c_int64),
+                ("cols", ctypes.c_int64), ("row_stride", ctypes.c_int64), ("col_stride", ctypes.c_int64),
+                ("batch_stride", ctypes.c_int64)]
+
+
+class MatmulDesc(ctypes.Structure):
+    _fields_ = [("batch", ctypes.c_int64), ("a", Matrix), ("b", Matrix), ("d", Matrix), ("bias", ctypes.c_void_p),
+                ("bias_dtype", ctypes.c_int), ("activation", ctypes.c_int), ("preact", Matrix), ("dact", ctypes.c_int),
+                ("dact_aux", Matrix), ("col_sums", ctypes.c_void_p), ("col_sums_dtype", ctypes.c_int),
+                ("a_row_sums", ctypes.c_void_p), ("a_row_sums_dtype", ctypes.c_int), ("allow_tf32", ctypes.c_int),
+                ("deterministic", ctypes.c_int)]
+
+
 def nvcc():
     for candidate in (os.environ.get("CUDA_HOME") and os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc"),
                       shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
@@ -68,26 +89,28 @@ def nvcc():
     return None
 
 
-def cudnn_library():
-    """libcudnn.so.9: torch's NVIDIA wheel's (what users load), else the toolkit's."""
-    dirs = [os.path.join(p, "nvidia", "cudnn", "lib") for p in site.getsitepackages() + sys.path if p]
+def library_dir(soname, wheel):
+    """The folder of `soname`: torch's NVIDIA wheel's (what users load),
+    else the CUDA toolkit's."""
+    dirs = [os.path.join(p, "nvidia", wheel, "lib") for p in site.getsitepackages() + sys.path if p]
     dirs.append(os.path.join(os.path.dirname(os.path.dirname(nvcc() or "/x/y")), "lib64"))
     for d in dirs:
-        if os.path.exists(os.path.join(d, "libcudnn.so.9")):
+        if os.path.exists(os.path.join(d, soname)):
             return d
     return None
 
 
 @pytest.fixture(scope="module")
 def probe():
-    compiler, libdir = nvcc(), cudnn_library()
-    if not compiler or not libdir:
-        pytest.skip("needs nvcc and cuDNN 9 (the CUDA toolkit, or torch's nvidia-cudnn wheel)")
+    compiler = nvcc()
+    libdirs = [library_dir("libcudnn.so.9", "cudnn"), library_dir("libcublasLt.so.13", "cu13")]
+    if not compiler or None in libdirs:
+        pytest.skip("needs nvcc, cuDNN 9 and cuBLASLt 13 (the CUDA toolkit, or torch's NVIDIA wheels)")
     digest = hashlib.sha256()
     for path in sorted(SOURCES + HEADERS):
         with open(path, "rb") as f:
             digest.update(f.read())
-    digest.update(libdir.encode())
+    digest.update(repr(libdirs).encode())
     folder = os.path.join(tempfile.gettempdir(), "gpuaccel-descriptor-probe-" + digest.hexdigest()[:16])
     lib = os.path.join(folder, "libprobe.so")
     if not os.path.exists(lib):
@@ -102,8 +125,10 @@ def probe():
             assert build.returncode == 0, build.stderr[-4000:]
             objects.append(obj)
         tmp = lib + ".%d.tmp" % os.getpid()
-        cmd = [compiler, "-shared", "-o", tmp, *objects, "-L" + libdir, "-l:libcudnn.so.9",
-               "-Xlinker", "-rpath=" + libdir, "-Xlinker", "-z", "-Xlinker", "defs"]
+        cmd = [compiler, "-shared", "-o", tmp, *objects, "-l:libcudnn.so.9", "-l:libcublasLt.so.13",
+               "-Xlinker", "-z", "-Xlinker", "defs"]
+        for d in libdirs:
+            cmd += ["-L" + d, "-Xlinker", "-rpath=" + d]
         link = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         assert link.returncode == 0, link.stderr[-4000:]
         os.replace(tmp, lib)
@@ -112,6 +137,8 @@ def probe():
     so.ga_probe_conv_graph.argtypes = [ctypes.c_int, ctypes.POINTER(Geometry), ctypes.POINTER(Tensor),
                                        ctypes.POINTER(Tensor), ctypes.POINTER(Tensor), ctypes.c_void_p, ctypes.c_int,
                                        ctypes.POINTER(Tensor), ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+    so.ga_probe_matmul.restype = ctypes.c_int
+    so.ga_probe_matmul.argtypes = [ctypes.POINTER(MatmulDesc), ctypes.c_char_p, ctypes.c_int]
     return so
 
 
@@ -243,3 +270,121 @@ def test_report_engine_configs(probe):
     print("\nengine configs (cuDNN heuristics mode A, device-less):")
     for name, count in sorted(CONFIGS.items()):
         print("  %-*s  %d" % (width, name, count))
+
+
+# ------------------------------------------------------------------ cuBLASLt
+
+CUDA_TYPE = {FLOAT16: 2, BFLOAT16: 14, FLOAT32: 0, FLOAT64: 1}  # cudaDataType_t
+OP_N, OP_T = 0, 1
+EPILOGUE = {"default": 1, "relu": 2, "bias": 4, "relu_bias": 6, "gelu": 32, "gelu_bias": 36, "gelu_aux": 160,
+            "gelu_aux_bias": 164, "dgelu": 192, "dgelu_bgrad": 208, "bgradb": 512}  # cublasLtEpilogue_t
+COMPUTE_32F, COMPUTE_32F_FAST_TF32, COMPUTE_64F = 68, 77, 70  # cublasComputeType_t
+
+
+def row_major(data, dtype, rows, cols, batch_stride=0):
+    return Matrix(data=data, dtype=dtype, rows=rows, cols=cols, row_stride=cols, col_stride=1,
+                  batch_stride=batch_stride)
+
+
+def transposed(data, dtype, rows, cols, batch_stride=0):
+    """A rows x cols view of a row-major cols x rows matrix (e.g. weight.T)."""
+    return Matrix(data=data, dtype=dtype, rows=rows, cols=cols, row_stride=1, col_stride=rows,
+                  batch_stride=batch_stride)
+
+
+def matmul_case(dtype, m, k, n, b_transposed=False, batch=1, bias=False, act=NONE, preact=False, dact=NONE,
+                col_sums=False, a_row_sums=False, tf32=False, deterministic=False):
+    d = MatmulDesc(batch=batch, bias_dtype=dtype, activation=act, dact=dact, allow_tf32=int(tf32),
+                   deterministic=int(deterministic), col_sums_dtype=dtype, a_row_sums_dtype=dtype)
+    d.a = row_major(0x100000, dtype, m, k, m * k if batch > 1 else 0)
+    d.b = (transposed if b_transposed else row_major)(0x200000, dtype, k, n, k * n if batch > 1 else 0)
+    d.d = row_major(0x300000, dtype, m, n, m * n if batch > 1 else 0)
+    if bias:
+        d.bias = 0x400000
+    if preact:
+        d.preact = row_major(0x500000, dtype, m, n, m * n if batch > 1 else 0)
+    if dact != NONE:
+        d.dact_aux = row_major(0x600000, dtype, m, n, m * n if batch > 1 else 0)
+    if col_sums:
+        d.col_sums = 0x700000
+    if a_row_sums:
+        d.a_row_sums = 0x800000
+    return d
+
+
+def probe_matmul(so, desc):
+    out = ctypes.create_string_buffer(1 << 14)
+    assert so.ga_probe_matmul(ctypes.byref(desc), out, len(out)) == 0
+    return json.loads(out.value.decode())
+
+
+MATMULS = {
+    # name: (matmul_case kwargs, the epilogue cuBLASLt must be given)
+    "plain": (dict(), "default"),
+    "bias": (dict(bias=True), "bias"),
+    "relu": (dict(act=RELU), "relu"),
+    "relu_bias": (dict(bias=True, act=RELU), "relu_bias"),
+    "gelu_bias": (dict(bias=True, act=GELU), "gelu_bias"),
+    "gelu_aux": (dict(act=GELU, preact=True), "gelu_aux"),
+    "gelu_aux_bias": (dict(bias=True, act=GELU, preact=True), "gelu_aux_bias"),
+    "linear (weight.T)": (dict(b_transposed=True, bias=True, act=GELU), "gelu_bias"),
+    "batched": (dict(batch=3, bias=True), "bias"),
+    "batched gelu_aux": (dict(batch=3, act=GELU, preact=True), "gelu_aux"),
+    "dgelu": (dict(dact=GELU), "dgelu"),
+    "dgelu_bgrad": (dict(dact=GELU, col_sums=True), "dgelu_bgrad"),
+    "bgradb": (dict(a_row_sums=True), "bgradb"),
+}
+
+
+@pytest.mark.parametrize("dtype", [FLOAT16, BFLOAT16, FLOAT32, FLOAT64], ids=NAMES.get)
+@pytest.mark.parametrize("case", list(MATMULS))
+def test_cublaslt_descriptors_describe_the_intended_math(probe, case, dtype):
+    kwargs, epilogue = MATMULS[case]
+    m, k, n = 40, 24, 56  # multiples of 8: every aux/bias alignment cuBLASLt asks for holds
+    batch = kwargs.get("batch", 1)
+    r = probe_matmul(probe, matmul_case(dtype, m, k, n, **kwargs))
+    assert r["fused"] and r["describable"], r
+    assert "error" not in r, r
+    # row-major D = A @ B is column-major D^T = B^T @ A^T: cuBLASLt's A is our B, its B our A, m = N, n = M
+    if kwargs.get("b_transposed"):
+        assert r["transa"] == OP_T and (r["a"]["rows"], r["a"]["cols"], r["a"]["ld"]) == (k, n, k), r["a"]
+    else:
+        assert r["transa"] == OP_N and (r["a"]["rows"], r["a"]["cols"], r["a"]["ld"]) == (n, k, n), r["a"]
+    assert r["transb"] == OP_N and (r["b"]["rows"], r["b"]["cols"], r["b"]["ld"]) == (k, m, k), r["b"]
+    for name in ("c", "d"):
+        assert (r[name]["rows"], r[name]["cols"], r[name]["ld"]) == (n, m, n), r[name]
+        assert r[name]["type"] == CUDA_TYPE[dtype]
+    assert r["a"]["type"] == r["b"]["type"] == CUDA_TYPE[dtype]
+    assert all(r[x]["order"] in (0, "null") for x in "abcd")  # column-major (the default)
+    if batch > 1:
+        assert [r[x]["batch"] for x in "abcd"] == [batch] * 4
+        assert [r[x]["batch_stride"] for x in "abcd"] == [k * n, m * k, m * n, m * n]
+    assert r["epilogue"] == EPILOGUE[epilogue], (r["epilogue"], epilogue)
+    if epilogue in ("bias", "relu_bias", "gelu_bias", "gelu_aux_bias", "dgelu_bgrad", "bgradb"):
+        assert r["bias_type"] == CUDA_TYPE[dtype]
+        pointer = {"dgelu_bgrad": 0x700000, "bgradb": 0x800000}.get(epilogue, 0x400000)
+        assert r["bias_pointer"] == pointer
+    if "aux" in epilogue or epilogue.startswith("dgelu"):
+        assert r["aux_ld"] == n and r["aux_pointer"] == (0x600000 if epilogue.startswith("dgelu") else 0x500000)
+        if batch > 1:
+            assert r["aux_batch_stride"] == m * n
+    assert r["compute"] == (COMPUTE_64F if dtype == FLOAT64 else COMPUTE_32F)
+    assert r["scale_type"] == (CUDA_TYPE[FLOAT64] if dtype == FLOAT64 else CUDA_TYPE[FLOAT32])
+
+
+@pytest.mark.parametrize("tf32", [False, True])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_cublaslt_compute_type_and_reduction_follow_the_settings(probe, tf32, deterministic):
+    r = probe_matmul(probe, matmul_case(FLOAT32, 16, 16, 16, tf32=tf32, deterministic=deterministic))
+    assert r["compute"] == (COMPUTE_32F_FAST_TF32 if tf32 else COMPUTE_32F)
+    assert r["reduction_scheme_mask"] == (0 if deterministic else 7)  # NONE: no split-K reduction at all
+
+
+def test_cublaslt_refuses_what_it_cannot_describe(probe):
+    # a column-strided operand (no unit stride): the unfused path's generic kernel takes it
+    d = matmul_case(FLOAT32, 8, 8, 8)
+    d.a.col_stride, d.a.row_stride = 2, 16
+    assert probe_matmul(probe, d)["describable"] is False
+    # an aux (pre-activation) leading dimension that is not a multiple of 8: GELU_AUX cannot take it
+    d = matmul_case(FLOAT16, 8, 8, 12, act=GELU, preact=True)
+    assert probe_matmul(probe, d)["describable"] is False

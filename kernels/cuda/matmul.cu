@@ -301,10 +301,9 @@ struct PrefGuard {
     }
 };
 
-/* Builds the plan for `c` (layouts + heuristic).  A heuristic with no
- * answer leaves plan->usable false: not an error, the fallback runs. */
-ga_status build_plan(cublasLtHandle_t handle, const LtCall &c, const ga_matmul_desc *desc,
-                     size_t workspace_size, LtPlan *plan)
+/* The four layouts of `c`: cuBLASLt's A and B (our B^T and A^T), C and D
+ * (our D^T). */
+ga_status make_layouts(const LtCall &c, const ga_matmul_desc *desc, LtPlan *plan)
 {
     GA_TRY_STATUS(make_layout(&plan->a, c.a_type, c.first.rows, c.first.cols, c.first.ld, c.batch,
                               desc->b.batch_stride));
@@ -314,26 +313,43 @@ ga_status build_plan(cublasLtHandle_t handle, const LtCall &c, const ga_matmul_d
                               c.ldd, c.batch, desc->d.batch_stride));
     GA_TRY_STATUS(make_layout(&plan->d, c.d_type, (uint64_t)desc->d.cols, (uint64_t)desc->d.rows,
                               c.ldd, c.batch, desc->d.batch_stride));
-    DescGuard md;
-    GA_TRY_STATUS(make_matmul_desc(c, &md.d));
-    PrefGuard pref;
-    GA_CUBLAS_TRY(cublasLtMatmulPreferenceCreate(&pref.p));
+    return ga_ok();
+}
+
+/* What the heuristic may choose: the workspace, the operands' alignments,
+ * and no split-K reduction when deterministic. */
+ga_status make_preference(const ga_matmul_desc *desc, size_t workspace_size, PrefGuard *pref)
+{
+    GA_CUBLAS_TRY(cublasLtMatmulPreferenceCreate(&pref->p));
     uint64_t ws = workspace_size;
     GA_CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(
-        pref.p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+        pref->p, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
     uint32_t align[4] = {alignment_of(desc->b.data), alignment_of(desc->a.data),
                          alignment_of(desc->d.data), alignment_of(desc->d.data)};
     const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
     for (int k = 0; k < 4; k++)
-        GA_CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(pref.p, align_attr[k], &align[k],
+        GA_CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(pref->p, align_attr[k], &align[k],
                                                            sizeof align[k]));
     if (desc->deterministic) {
         uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_NONE;
         GA_CUBLAS_TRY(cublasLtMatmulPreferenceSetAttribute(
-            pref.p, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &scheme, sizeof scheme));
+            pref->p, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &scheme, sizeof scheme));
     }
+    return ga_ok();
+}
+
+/* Builds the plan for `c` (layouts + heuristic).  A heuristic with no
+ * answer leaves plan->usable false: not an error, the fallback runs. */
+ga_status build_plan(cublasLtHandle_t handle, const LtCall &c, const ga_matmul_desc *desc,
+                     size_t workspace_size, LtPlan *plan)
+{
+    GA_TRY_STATUS(make_layouts(c, desc, plan));
+    DescGuard md;
+    GA_TRY_STATUS(make_matmul_desc(c, &md.d));
+    PrefGuard pref;
+    GA_TRY_STATUS(make_preference(desc, workspace_size, &pref));
     cublasLtMatmulHeuristicResult_t result;
     int found = 0;
     cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle, md.d, plan->a, plan->b, plan->c,
@@ -530,3 +546,103 @@ extern "C" ga_status ga_cuda_matmul(int device, const ga_matmul_desc *desc, void
         *report = rep;
     return ga_ok();
 }
+
+#ifdef GA_DESCRIPTOR_PROBE
+/* ======================================================= descriptor probe
+ *
+ * Test-only (tests/test_cuda_descriptors.py compiles this file with
+ * GA_DESCRIPTOR_PROBE; the extension never has it): picks the epilogue and
+ * describes the call as ga_cuda_matmul does, builds the four layouts, the
+ * matmul descriptor and the preference with the code above — device-less
+ * (cuBLASLt's heuristic query needs a device, so it is not asked) — and
+ * reads every attribute back.  The report is JSON, written into `out`. */
+
+namespace
+{
+
+template <typename T>
+std::string desc_attr(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a)
+{
+    T v{};
+    size_t written = 0;
+    if (cublasLtMatmulDescGetAttribute(d, a, &v, sizeof v, &written) != CUBLAS_STATUS_SUCCESS ||
+        written != sizeof v)
+        return "null";
+    return std::to_string((long long)v);
+}
+
+template <typename T>
+std::string layout_attr(cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t a)
+{
+    T v{};
+    size_t written = 0;
+    if (cublasLtMatrixLayoutGetAttribute(l, a, &v, sizeof v, &written) != CUBLAS_STATUS_SUCCESS ||
+        written != sizeof v)
+        return "null";
+    return std::to_string((long long)v);
+}
+
+std::string layout_json(cublasLtMatrixLayout_t l)
+{
+    return "{\"type\":" + layout_attr<int32_t>(l, CUBLASLT_MATRIX_LAYOUT_TYPE) +
+           ",\"rows\":" + layout_attr<uint64_t>(l, CUBLASLT_MATRIX_LAYOUT_ROWS) +
+           ",\"cols\":" + layout_attr<uint64_t>(l, CUBLASLT_MATRIX_LAYOUT_COLS) +
+           ",\"ld\":" + layout_attr<int64_t>(l, CUBLASLT_MATRIX_LAYOUT_LD) +
+           ",\"order\":" + layout_attr<int32_t>(l, CUBLASLT_MATRIX_LAYOUT_ORDER) +
+           ",\"batch\":" + layout_attr<int32_t>(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT) +
+           ",\"batch_stride\":" +
+           layout_attr<int64_t>(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET) + "}";
+}
+
+} // namespace
+
+extern "C" int ga_probe_matmul(const ga_matmul_desc *desc, char *out, int out_size)
+{
+    std::string j = "{";
+    cublasLtEpilogue_t e = CUBLASLT_EPILOGUE_DEFAULT;
+    bool fused = fused_epilogue(desc, &e);
+    LtCall c;
+    bool ok = describe(desc, fused ? e : CUBLASLT_EPILOGUE_DEFAULT, &c);
+    j += "\"fused\":" + std::string(fused ? "true" : "false");
+    j += ",\"describable\":" + std::string(ok ? "true" : "false");
+    if (ok) {
+        LtPlan plan;
+        DescGuard md;
+        PrefGuard pref;
+        ga_status st = make_layouts(c, desc, &plan);
+        if (!st.error)
+            st = make_matmul_desc(c, &md.d);
+        if (!st.error)
+            st = make_preference(desc, 1 << 20, &pref);
+        if (st.error) {
+            j += ",\"error\":\"" + std::string(st.call ? st.call : "") + "\"";
+        } else {
+            j += ",\"a\":" + layout_json(plan.a) + ",\"b\":" + layout_json(plan.b) +
+                 ",\"c\":" + layout_json(plan.c) + ",\"d\":" + layout_json(plan.d);
+            j += ",\"compute\":" + desc_attr<int32_t>(md.d, CUBLASLT_MATMUL_DESC_COMPUTE_TYPE);
+            j += ",\"scale_type\":" + desc_attr<int32_t>(md.d, CUBLASLT_MATMUL_DESC_SCALE_TYPE);
+            j += ",\"transa\":" + desc_attr<int32_t>(md.d, CUBLASLT_MATMUL_DESC_TRANSA);
+            j += ",\"transb\":" + desc_attr<int32_t>(md.d, CUBLASLT_MATMUL_DESC_TRANSB);
+            j += ",\"epilogue\":" + desc_attr<uint32_t>(md.d, CUBLASLT_MATMUL_DESC_EPILOGUE);
+            j += ",\"bias_type\":" + desc_attr<int32_t>(md.d, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE);
+            j += ",\"bias_pointer\":" +
+                 desc_attr<uintptr_t>(md.d, CUBLASLT_MATMUL_DESC_BIAS_POINTER);
+            j += ",\"aux_pointer\":" +
+                 desc_attr<uintptr_t>(md.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER);
+            j += ",\"aux_ld\":" + desc_attr<int64_t>(md.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD);
+            j += ",\"aux_batch_stride\":" +
+                 desc_attr<int64_t>(md.d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE);
+            uint32_t scheme = 0;
+            size_t written = 0;
+            cublasLtMatmulPreferenceGetAttribute(pref.p, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                                 &scheme, sizeof scheme, &written);
+            j += ",\"reduction_scheme_mask\":" + std::to_string(scheme);
+        }
+    }
+    j += "}";
+    if ((int)j.size() >= out_size)
+        return -1;
+    memcpy(out, j.c_str(), j.size() + 1);
+    return 0;
+}
+#endif
