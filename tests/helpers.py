@@ -88,6 +88,18 @@ def sum_tolerance(dtype, roundings=1):
     return 16 * UNIT_ROUNDOFF[accumulate], roundings * UNIT_ROUNDOFF[dtype] * 1.01
 
 
+def assert_sum_close(actual, expected, dtype, reduction, tolerance, flip=0.0):
+    """actual within tolerance[dtype] = (atol, rtol) of expected, for a sum
+    of `reduction` terms (assert_within).  `flip`: the largest term of the
+    sum; where the kernels round an intermediate (the activation's
+    gradient) to a 16-bit dtype, they and a float64 reference may round a
+    term near a midpoint to different neighbours, each such term off by an
+    ulp of it (allowed twice)."""
+    atol, rtol = tolerance[dtype]
+    extra = 2 * 2 * UNIT_ROUNDOFF[dtype] * flip if dtype in ("float16", "bfloat16") else 0.0
+    assert_within(actual, expected, atol + extra / np.sqrt(max(reduction, 1)), rtol, reduction)
+
+
 def assert_close(actual, expected, dtype, scale=1.0):
     """actual within `scale` times `dtype`'s TOLERANCE of expected."""
     atol, rtol = TOLERANCE[dtype]

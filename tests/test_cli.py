@@ -292,17 +292,22 @@ def test_example_ddp_script_runs_on_two_cpu_ranks(tmp_path):
 
 # -------------------------------------------------------- the test suite
 
-def test_the_skip_summary_groups_skips_by_reason(tmp_path):
+def pytest_with_our_conftest(tmp_path, name, text, *args, **env):
+    """pytest run on one test file `text` beside a copy of tests/conftest.py."""
     shutil.copy(os.path.join(ROOT, "tests", "conftest.py"), tmp_path / "conftest.py")
-    (tmp_path / "test_some.py").write_text(
+    (tmp_path / name).write_text(text)
+    path = os.pathsep.join([os.path.join(ROOT, "tests"), python_env()["PYTHONPATH"]])
+    return run_python("-m", "pytest", "-p", "no:cacheprovider", "-q", *args, str(tmp_path), cwd=tmp_path,
+                      env=dict(env, PYTHONPATH=path))
+
+
+def test_the_skip_summary_groups_skips_by_reason(tmp_path):
+    out = pytest_with_our_conftest(tmp_path, "test_some.py",
         "import pytest\n"
         "@pytest.mark.parametrize('i', range(3))\n"
         "def test_a(i):\n    pytest.skip('reason A')\n"
         "def test_b():\n    pytest.skip('reason B')\n"
-        "def test_c():\n    pass\n")
-    out = run_python("-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfEX", str(tmp_path), cwd=tmp_path,
-                     env={"PYTHONPATH": os.pathsep.join([os.path.join(ROOT, "tests"),
-                                                         python_env()["PYTHONPATH"]])})
+        "def test_c():\n    pass\n", "-rfEX")
     assert out.returncode == 0, out.stdout + out.stderr
     lines = out.stdout.splitlines()
     start = next(i for i, line in enumerate(lines) if "skipped, by reason" in line)
@@ -312,17 +317,14 @@ def test_the_skip_summary_groups_skips_by_reason(tmp_path):
 
 
 def test_tests_draw_the_same_inputs_every_run_and_a_failure_says_how_to_reproduce_it(tmp_path):
-    shutil.copy(os.path.join(ROOT, "tests", "conftest.py"), tmp_path / "conftest.py")
-    (tmp_path / "test_draws.py").write_text(
-        "import random, numpy as np, torch\n"
-        "def test_draw(rng):\n"
-        "    print('DRAW', rng.integers(1 << 30), np.random.randint(1 << 30), random.random(), float(torch.rand(())))\n"
-        "    assert False\n")
-    env = {"PYTHONPATH": os.pathsep.join([os.path.join(ROOT, "tests"), python_env()["PYTHONPATH"]])}
+    source = ("import random, numpy as np, torch\n"
+              "def test_draw(rng):\n"
+              "    print('DRAW', rng.integers(1 << 30), np.random.randint(1 << 30), random.random(),"
+              " float(torch.rand(())))\n"
+              "    assert False\n")
 
-    def draw(**extra):
-        out = run_python("-m", "pytest", "-p", "no:cacheprovider", "-q", str(tmp_path), cwd=tmp_path,
-                         env=dict(env, **extra))
+    def draw(**env):
+        out = pytest_with_our_conftest(tmp_path, "test_draws.py", source, **env)
         assert out.returncode == 1, out.stdout + out.stderr
         line = next(line for line in out.stdout.splitlines() if line.startswith("DRAW"))
         return line, out.stdout

@@ -11,7 +11,7 @@ import pytest
 
 import gpuaccel as ga
 
-from helpers import FLOAT_DTYPES, UNIT_ROUNDOFF, assert_within, sum_tolerance, torch_activation
+from helpers import FLOAT_DTYPES, assert_sum_close, sum_tolerance, torch_activation
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -32,13 +32,7 @@ GEOMETRIES = [
 
 
 def check(got, ref, dtype, reduction, flip=0.0):
-    """`flip`: the largest term of the sum; where the kernels round an
-    intermediate (the activation's gradient) to a 16-bit dtype, they and the
-    float64 reference may round a term near a midpoint to different
-    neighbours, each such term off by an ulp of it (allowed twice)."""
-    atol, rtol = TOL[dtype]
-    extra = 2 * 2 * UNIT_ROUNDOFF[dtype] * flip if dtype in ("float16", "bfloat16") else 0.0
-    assert_within(got, ref, atol + extra / np.sqrt(max(reduction, 1)), rtol, reduction)
+    assert_sum_close(got, ref, dtype, reduction, TOL, flip)
 
 
 def rounded(rng, shape, dtype):

@@ -9,10 +9,9 @@ import gpuaccel as ga
 
 from helpers import (
     FLOAT_DTYPES,
-    UNIT_ROUNDOFF,
     activation_grad_ref,
     activation_ref,
-    assert_within,
+    assert_sum_close,
     numpy_dtype,
     run_python,
     sum_tolerance,
@@ -28,13 +27,7 @@ TOL = {"float64": (1e-13, 1e-12), "float32": (3e-6, 3e-6), "float16": sum_tolera
 
 
 def check(got, ref, dtype, k, flip=0.0):
-    """`flip`: the largest term of the sum; where the kernels round an
-    intermediate (the activation's gradient) to a 16-bit dtype, they and the
-    float64 reference may round a term near a midpoint to different
-    neighbours, each such term off by an ulp of it (allowed twice)."""
-    atol, rtol = TOL[dtype]
-    extra = 2 * 2 * UNIT_ROUNDOFF[dtype] * flip if dtype in ("float16", "bfloat16") else 0.0
-    assert_within(got, ref, atol + extra / np.sqrt(max(k, 1)), rtol, k)
+    assert_sum_close(got, ref, dtype, k, TOL, flip)
 
 
 def values(rng, shape, dtype):
