@@ -53,15 +53,21 @@ def assert_grads_equal(fused, plain, rtol=1e-5, atol=1e-6):
 
 # -------------------------------------------------------------------- ONNX
 
-@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
-def test_onnx_export_uses_standard_ops_and_runs_in_onnxruntime(dynamo, tmp_path):
+@pytest.mark.parametrize("route", ["torchscript", "dynamo", "exported_program"])
+def test_onnx_export_uses_standard_ops_and_runs_in_onnxruntime(route, tmp_path):
     onnx = pytest.importorskip("onnx")
     ort = pytest.importorskip("onnxruntime")
     fused, _ = models()
+    fused.append(gt.FusedLinear(4, 4 * 3 * 3))  # and a conv without activation, after a linear one
+    fused.append(torch.nn.Unflatten(1, (4, 3, 3)))
+    fused.append(gt.FusedConv2d(4, 2, 2, stride=2, padding=1))
     fused.eval()
     x, _ = batch(3)
     path = str(tmp_path / "model.onnx")
-    torch.onnx.export(fused, (x,), path, dynamo=dynamo)
+    if route == "exported_program":  # torch.export first (the custom ops), then the ONNX exporter
+        torch.onnx.export(torch.export.export(fused, (x,)), (x,), path)
+    else:
+        torch.onnx.export(fused, (x,), path, dynamo=route == "dynamo")
     graph = onnx.load(path).graph
     ops = {(n.domain, n.op_type) for n in graph.node}
     assert all(domain in ("", "ai.onnx") for domain, _ in ops), ops  # no custom domain: any runtime runs it
