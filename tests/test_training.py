@@ -5,10 +5,14 @@ autocast with a GradScaler, torch.compile, and the profiler's names.
 Gradients are compared with torch's unfused layers holding the same
 weights."""
 
+import os
+
 import numpy as np
 import pytest
 
 import gpuaccel as ga
+
+from helpers import run_python
 
 torch = pytest.importorskip("torch")
 import gpuaccel.torch as gt  # noqa: E402 - after torch's importorskip
@@ -142,6 +146,52 @@ def test_ddp_no_sync_accumulates_then_syncs(tmp_path):
         assert_grads_equal(fused, plain)
     finally:
         dist.destroy_process_group()
+
+
+# Each of two ranks accumulates two micro-batches of its own quarter-batches
+# under no_sync(), then syncs: the gradients are those of the whole batch in
+# torch's unfused model, equal on both ranks, and differed before the sync.
+DDP_TWO_RANKS = """
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+sys.path.insert(0, %r)
+from test_training import batch, models
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+fused, plain = models()
+model = torch.nn.parallel.DistributedDataParallel(fused)
+x, y = batch(16)
+mine = [(x[i:i + 4], y[i:i + 4]) for i in (8 * rank, 8 * rank + 4)]
+with model.no_sync():
+    (F.cross_entropy(model(mine[0][0]), mine[0][1]) / 2).backward()
+local = fused[0].weight.grad.clone()
+gathered = [torch.empty_like(local) for _ in range(2)]
+dist.all_gather(gathered, local)
+assert not torch.equal(gathered[0], gathered[1]), "no_sync() all-reduced"
+(F.cross_entropy(model(mine[1][0]), mine[1][1]) / 2).backward()
+F.cross_entropy(plain(x), y).backward()
+for (name, p), q in zip(fused.named_parameters(), plain.parameters()):
+    torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=name)
+dist.all_gather(gathered, fused[0].weight.grad)
+assert torch.equal(gathered[0], gathered[1])
+dist.destroy_process_group()
+print("rank %%d ok" %% rank)
+"""
+
+
+def test_ddp_no_sync_on_two_gloo_ranks_gives_the_whole_batch_gradients(tmp_path):
+    script = tmp_path / "ddp_two_ranks.py"
+    script.write_text(DDP_TWO_RANKS % os.path.dirname(os.path.abspath(__file__)))
+    proc = run_python("-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script),
+                      timeout=300, env={"OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "rank 0 ok" in proc.stdout and "rank 1 ok" in proc.stdout
 
 
 # --------------------------------------------------------- mixed precision
