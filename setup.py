@@ -269,7 +269,8 @@ class BuildExt(build_ext):
         depends = [os.path.join(ROOT, h) for h in HEADERS]
 
         # kernels/sim.c opens real NVTX ranges: the CUDA toolkit's header-only library
-        sim_c_include_dirs = [_cuda_headers()] if sim else []
+        # (without them, _sim_cxx_jobs below says what is missing)
+        sim_c_include_dirs = [d for d in [_cuda_headers()] if d] if sim else []
 
         def compile_c(src):
             extra_dirs = sim_c_include_dirs if src.endswith("sim.c") else []
