@@ -268,9 +268,14 @@ class BuildExt(build_ext):
         os.makedirs(build_temp, exist_ok=True)
         depends = [os.path.join(ROOT, h) for h in HEADERS]
 
+        # kernels/sim.c opens real NVTX ranges: the CUDA toolkit's header-only library
+        # (without them, _sim_cxx_jobs below says what is missing)
+        sim_c_include_dirs = [d for d in [_cuda_headers()] if d] if sim else []
+
         def compile_c(src):
+            extra_dirs = sim_c_include_dirs if src.endswith("sim.c") else []
             return self.compiler.compile(
-                [src], output_dir=build_temp, macros=macros, include_dirs=include_dirs,
+                [src], output_dir=build_temp, macros=macros, include_dirs=include_dirs + extra_dirs,
                 extra_postargs=cflags, depends=depends,
             )[0]
 

@@ -396,7 +396,7 @@ static int64_t chunk_rows(LoaderIterObject *it)
     return rows < 1 ? 1 : rows;
 }
 
-static int gather_chunk(LoaderIterObject *it, loader_slot *slot, int64_t chunk, char *scratch)
+static int gather_chunk_rows(LoaderIterObject *it, loader_slot *slot, int64_t chunk, char *scratch)
 {
     int64_t per = chunk_rows(it);
     int64_t r0 = chunk * per, r1 = r0 + per < slot->rows ? r0 + per : slot->rows;
@@ -417,7 +417,9 @@ static int gather_chunk(LoaderIterObject *it, loader_slot *slot, int64_t chunk, 
             d.dst = (char *)slot->out[0]->ptr + r0 * it->transform_row_bytes;
             d.n = r1 - r0;
             d.in_caller = 1; /* the workers split the batch between them */
+            ga_cuda_range_push("gpuaccel::normalize");
             ga_status status = ga_cpu_normalize_images(&d);
+            ga_cuda_range_pop();
             if (status.error) {
                 fail(it, status, 0, NULL);
                 return -1;
@@ -429,6 +431,16 @@ static int gather_chunk(LoaderIterObject *it, loader_slot *slot, int64_t chunk, 
         }
     }
     return 0;
+}
+
+/* A chunk of the batch gathered inside an NVTX range (the workers' share of
+ * the loader's work, beside the copies of finish_slot). */
+static int gather_chunk(LoaderIterObject *it, loader_slot *slot, int64_t chunk, char *scratch)
+{
+    ga_cuda_range_push("gpuaccel::loader_gather");
+    int rc = gather_chunk_rows(it, slot, chunk, scratch);
+    ga_cuda_range_pop();
+    return rc;
 }
 
 /* ---------------------------------------------------------- the ring */
@@ -490,6 +502,8 @@ static int finish_slot(LoaderIterObject *it, loader_slot *slot)
         return 0;
     int dev = it->device.index;
     ga_stream s = it->copy_stream;
+    /* the batch's host-to-device copies and normalize, queued */
+    ga_cuda_range_push("gpuaccel::loader_copy");
     ga_status status = ga_cuda_event_record(dev, slot->copy_start, s);
     for (int i = 0; i < it->nsources && !status.error; i++) {
         size_t bytes = (size_t)(slot->rows * it->src[i].row_bytes);
@@ -510,6 +524,7 @@ static int finish_slot(LoaderIterObject *it, loader_slot *slot)
         status = ga_cuda_event_record(dev, slot->copied, s);
     for (int i = 0; i < it->nsources && !status.error; i++)
         status = ga_block_set_ready(slot->out[i], s);
+    ga_cuda_range_pop();
     if (status.error) {
         fail(it, status, 0, NULL);
         return -1;

@@ -817,7 +817,8 @@ error:
 }
 
 /* log() inside a torch.profiler range "gpuaccel::logger_update" while
- * torch's profiler records (see ga_op_profiled). */
+ * torch's profiler records, and an NVTX range of that name (see
+ * ga_op_profiled). */
 static PyObject *Logger_log(LoggerObject *lg, PyObject *const *args, Py_ssize_t nargs,
                             PyObject *kwnames)
 {
@@ -825,7 +826,9 @@ static PyObject *Logger_log(LoggerObject *lg, PyObject *const *args, Py_ssize_t 
     if (!st)
         return NULL;
     PyObject *range = ga_torch_profile_begin(st, "gpuaccel::logger_update");
+    ga_cuda_range_push("gpuaccel::logger_update");
     PyObject *result = log_entry(lg, args, nargs, kwnames);
+    ga_cuda_range_pop();
     ga_torch_profile_end(st, range);
     return result;
 }

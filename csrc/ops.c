@@ -671,7 +671,9 @@ PyObject *ga_op_profiled(const char *name, ga_op_entry entry, PyObject *module,
 {
     ga_state *st = ga_state_from_module(module);
     PyObject *range = ga_torch_profile_begin(st, name);
+    ga_cuda_range_push(name);
     PyObject *result = entry(module, args, nargs, kwnames);
+    ga_cuda_range_pop();
     ga_torch_profile_end(st, range);
     return result;
 }

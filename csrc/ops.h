@@ -128,10 +128,11 @@ void ga_backward_end(ga_backward *b);
 /* An op's Python entry point (METH_FASTCALL | METH_KEYWORDS). */
 typedef PyObject *(*ga_op_entry)(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
                                  PyObject *kwnames);
-/* Calls `entry` inside a torch.profiler range "gpuaccel::<name>" while
- * torch's profiler records (and without one otherwise, at the cost of one
- * check), so a profiled training step names gpuaccel's ops on the CPU too;
- * the CUDA side opens NVTX ranges of the same names. */
+/* Calls `entry` inside a torch.profiler range `name` ("gpuaccel::<op>")
+ * while torch's profiler records (and without one otherwise, at the cost of
+ * one check), so a profiled training step names gpuaccel's ops on the CPU
+ * too; and inside an NVTX range of the same name (ga_cuda_range_push), for
+ * Nsight Systems. */
 PyObject *ga_op_profiled(const char *name, ga_op_entry entry, PyObject *module,
                          PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 

@@ -369,6 +369,38 @@ def _conv_grad(ctx, grad_y, grad_pre):
 _conv2d.register_autograd(_conv_grad, setup_context=_conv_setup)
 
 
+# ----------------------------------------------------- ONNX, from torch.export
+# torch.onnx.export(model) writes the layers with torch's standard ops
+# (torch.onnx.is_in_onnx_export() above).  A program exported first
+# (torch.export.export, then torch.onnx.export(exported_program)) holds the
+# custom ops instead: the ONNX exporter decomposes an op it has no ONNX
+# function for with the decompositions registered in torch._decomp, so the
+# ops' decompositions into torch's standard ops are registered there.
+# ExportedProgram.run_decompositions()'s default table and torch.compile's
+# do not take them: exported and compiled programs keep the fused kernels.
+
+def _linear_decomposition(x, weight, bias, activation):
+    z = torch.nn.functional.linear(x, weight, bias)
+    return _torch_activation(z, activation), (z if activation == "gelu" else x.new_empty((0,)))
+
+
+def _conv2d_decomposition(x, weight, bias, stride, padding, dilation, groups, activation):
+    z = torch.nn.functional.conv2d(x, weight, bias, stride, padding, dilation, groups)
+    return _torch_activation(z, activation), (z if activation == "gelu" else x.new_empty((0,)))
+
+
+def _register_decompositions():
+    try:
+        from torch._decomp import register_decomposition
+    except ImportError:  # a torch without the table: the plain torch.onnx.export(model) still works
+        return
+    register_decomposition(torch.ops.gpuaccel.linear.default)(_linear_decomposition)
+    register_decomposition(torch.ops.gpuaccel.conv2d.default)(_conv2d_decomposition)
+
+
+_register_decompositions()
+
+
 def _pair(value, name):
     if isinstance(value, int) and not isinstance(value, bool):
         return (value, value)

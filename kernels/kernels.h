@@ -517,6 +517,16 @@ ga_status ga_cuda_logger_reset_window(int device, void *state, int max_metrics, 
 /* 1 when work queued on `stream` is being captured into a CUDA graph. */
 ga_status ga_cuda_stream_capturing(ga_stream stream, int *capturing);
 
+/* ======================================================= profiler ranges */
+
+/* An NVTX range named `name` (e.g. "gpuaccel::linear", a string that
+ * outlives the call) on the calling thread, closed by ga_cuda_range_pop on
+ * the same thread, so that Nsight Systems names which gpuaccel call queued
+ * which work; ranges nest.  For every op, CPU ones included; nothing in a
+ * CPU-only build.  Costs an indirect call when no tool listens. */
+void ga_cuda_range_push(const char *name);
+void ga_cuda_range_pop(void);
+
 #ifdef __cplusplus
 }
 #endif

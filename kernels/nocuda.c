@@ -310,3 +310,11 @@ ga_status ga_cuda_stream_capturing(ga_stream stream, int *capturing)
     *capturing = 0;
     return GA_NO_CUDA;
 }
+
+/* No NVTX without the CUDA toolkit: the ranges are not opened. */
+void ga_cuda_range_push(const char *name)
+{
+    (void)name;
+}
+
+void ga_cuda_range_pop(void) {}

@@ -266,9 +266,10 @@ def test_example_training_script_runs_on_the_cpu(tmp_path):
     assert accuracy > 40
 
 
-def test_example_onnx_export_runs_in_onnxruntime(tmp_path):
+@pytest.mark.parametrize("route", [[], ["--exported-program"]], ids=["torchscript", "exported_program"])
+def test_example_onnx_export_runs_in_onnxruntime(route, tmp_path):
     pytest.importorskip("onnxruntime")
-    out = run(os.path.join(ROOT, "examples", "export_onnx.py"), "--out", str(tmp_path / "m.onnx"))
+    out = run(os.path.join(ROOT, "examples", "export_onnx.py"), "--out", str(tmp_path / "m.onnx"), *route)
     assert out.returncode == 0, out.stderr
     assert "Conv" in out.stdout and "Gemm" in out.stdout and (tmp_path / "m.onnx").exists()
     assert float(out.stdout.split("largest difference")[1]) < 1e-4

@@ -5,10 +5,14 @@ autocast with a GradScaler, torch.compile, and the profiler's names.
 Gradients are compared with torch's unfused layers holding the same
 weights."""
 
+import os
+
 import numpy as np
 import pytest
 
 import gpuaccel as ga
+
+from helpers import run_python
 
 torch = pytest.importorskip("torch")
 import gpuaccel.torch as gt  # noqa: E402 - after torch's importorskip
@@ -55,15 +59,24 @@ def assert_grads_equal(fused, plain, rtol=1e-5, atol=1e-6):
 
 # the TorchScript exporter is deprecated in torch >= 2.9 (and says so); the issue's users still call it
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")
-@pytest.mark.parametrize("dynamo", [False, True], ids=["torchscript", "dynamo"])
-def test_onnx_export_uses_standard_ops_and_runs_in_onnxruntime(dynamo, tmp_path):
+@pytest.mark.parametrize("route", ["torchscript", "dynamo", "exported_program"])
+def test_onnx_export_uses_standard_ops_and_runs_in_onnxruntime(route, tmp_path):
     onnx = pytest.importorskip("onnx")
     ort = pytest.importorskip("onnxruntime")
     fused, _ = models()
+    fused.append(gt.FusedLinear(4, 4 * 3 * 3))  # and a conv without activation, after a linear one
+    fused.append(torch.nn.Unflatten(1, (4, 3, 3)))
+    fused.append(gt.FusedConv2d(4, 2, 2, stride=2, padding=1))
     fused.eval()
     x, _ = batch(3)
     path = str(tmp_path / "model.onnx")
-    torch.onnx.export(fused, (x,), path, dynamo=dynamo)
+    if route == "exported_program":  # torch.export first (the custom ops), then the ONNX exporter
+        program = torch.export.export(fused, (x,))
+        kept = {str(node.target) for node in program.run_decompositions().graph.nodes}
+        assert {"gpuaccel.linear.default", "gpuaccel.conv2d.default"} <= kept  # elsewhere, the fused ops stay
+        torch.onnx.export(program, (x,), path)
+    else:
+        torch.onnx.export(fused, (x,), path, dynamo=route == "dynamo")
     graph = onnx.load(path).graph
     ops = {(n.domain, n.op_type) for n in graph.node}
     assert all(domain in ("", "ai.onnx") for domain, _ in ops), ops  # no custom domain: any runtime runs it
@@ -135,6 +148,52 @@ def test_ddp_no_sync_accumulates_then_syncs(tmp_path):
         assert_grads_equal(fused, plain)
     finally:
         dist.destroy_process_group()
+
+
+# Each of two ranks accumulates two micro-batches of its own quarter-batches
+# under no_sync(), then syncs: the gradients are those of the whole batch in
+# torch's unfused model, equal on both ranks, and differed before the sync.
+DDP_TWO_RANKS = """
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+sys.path.insert(0, %r)
+from test_training import batch, models
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+fused, plain = models()
+model = torch.nn.parallel.DistributedDataParallel(fused)
+x, y = batch(16)
+mine = [(x[i:i + 4], y[i:i + 4]) for i in (8 * rank, 8 * rank + 4)]
+with model.no_sync():
+    (F.cross_entropy(model(mine[0][0]), mine[0][1]) / 2).backward()
+local = fused[0].weight.grad.clone()
+gathered = [torch.empty_like(local) for _ in range(2)]
+dist.all_gather(gathered, local)
+assert not torch.equal(gathered[0], gathered[1]), "no_sync() all-reduced"
+(F.cross_entropy(model(mine[1][0]), mine[1][1]) / 2).backward()
+F.cross_entropy(plain(x), y).backward()
+for (name, p), q in zip(fused.named_parameters(), plain.parameters()):
+    torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6, msg=name)
+dist.all_gather(gathered, fused[0].weight.grad)
+assert torch.equal(gathered[0], gathered[1])
+dist.destroy_process_group()
+print("rank %%d ok" %% rank)
+"""
+
+
+def test_ddp_no_sync_on_two_gloo_ranks_gives_the_whole_batch_gradients(tmp_path):
+    script = tmp_path / "ddp_two_ranks.py"
+    script.write_text(DDP_TWO_RANKS % os.path.dirname(os.path.abspath(__file__)))
+    proc = run_python("-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script),
+                      timeout=300, env={"OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "rank 0 ok" in proc.stdout and "rank 1 ok" in proc.stdout
 
 
 # --------------------------------------------------------- mixed precision

@@ -455,3 +455,15 @@ extern "C" ga_status ga_cuda_pointer_info(const void *ptr, int *kind, int *devic
     *device = attr.type == cudaMemoryTypeUnregistered ? -1 : attr.device;
     return ga_ok();
 }
+
+/* ------------------------------------------------------ profiler ranges */
+
+extern "C" void ga_cuda_range_push(const char *name)
+{
+    nvtxRangePushA(name);
+}
+
+extern "C" void ga_cuda_range_pop(void)
+{
+    nvtxRangePop();
+}
