@@ -1,5 +1,6 @@
 """PinnedLoader on the CPU device (the CUDA path: test_cuda_loader.py)."""
 
+import gc
 import os
 import signal
 import textwrap
@@ -325,6 +326,7 @@ def test_nothing_left_behind_after_100_short_iterations(rng, tmp_path):
     np.save(tmp_path / "x.npy", x)
     loader = ga.PinnedLoader([str(tmp_path / "x.npy"), y], 16, shuffle=True, num_threads=3, output="gpuaccel")
     run(loader)  # warm the pools
+    gc.collect()  # what earlier tests left to the cyclic collector goes now, not during the loop
     threads, fds, mem = len(native_threads()), open_fds(), ga.memory_stats("cpu")["allocated_bytes"]
     for i in range(100):
         for k, _batch in enumerate(loader):
@@ -334,6 +336,7 @@ def test_nothing_left_behind_after_100_short_iterations(rng, tmp_path):
     # joined worker threads leave /proc a moment later: wait for the condition, not a fixed time
     assert settle(lambda: len(native_threads()) <= threads), (len(native_threads()), threads)
     assert settle(lambda: open_fds() == fds), (open_fds(), fds)
+    gc.collect()
     assert ga.memory_stats("cpu")["allocated_bytes"] == mem
     with loader:
         next(iter(loader))
