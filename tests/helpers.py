@@ -311,13 +311,19 @@ def heap_in_use():
     return info.uordblks + info.hblkhd
 
 
-def rss_bytes():
-    """Resident memory, after giving freed heap pages back to the system;
-    None under a sanitizer build (its allocator quarantines freed memory) or
-    without psutil."""
+def sanitized():
+    """Whether this is the ASan + UBSan build, whose allocator quarantines
+    freed memory and maps shadow pages of its own: resident memory and page
+    faults measure it, not gpuaccel."""
     from gpuaccel import _build_config
 
-    if getattr(_build_config, "SANITIZE", False):
+    return bool(getattr(_build_config, "SANITIZE", False))
+
+
+def rss_bytes():
+    """Resident memory, after giving freed heap pages back to the system;
+    None under a sanitizer build (sanitized()) or without psutil."""
+    if sanitized():
         return None
     try:
         import psutil

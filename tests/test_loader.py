@@ -10,7 +10,7 @@ import pytest
 
 import gpuaccel as ga
 
-from helpers import assert_close, native_threads, numpy_dtype, open_fds, run_python, settle
+from helpers import assert_close, native_threads, numpy_dtype, open_fds, run_python, sanitized, settle
 
 
 def dataset(rng, n, image=(5, 4, 3)):
@@ -489,6 +489,7 @@ def run_script_words(script, env=None):
     return result.stdout.split()
 
 
+@pytest.mark.skipif(sanitized(), reason="page faults under ASan count its quarantine and shadow memory")
 def test_dropped_batches_fault_in_no_new_pages():
     """Every batch of three epochs lands in memory whose pages are already
     there: far fewer minor faults than the pages the batches span (with
