@@ -228,8 +228,8 @@ std::string conv_json(cudnnBackendDescriptor_t c)
 }
 
 /* How many engine configs cuDNN's heuristic `mode` offers for the graph
- * with no device, and how many of them conv.cu's numerical-note filter
- * (engine_allowed) lets through. */
+ * with no device, and how many of those it hands out pass conv.cu's
+ * numerical-note filter (engine_allowed). */
 std::string heuristics_json(const Graph &g, const Problem &p, cudnnBackendHeurMode_t mode)
 {
     Desc heur;
@@ -284,7 +284,10 @@ std::string heuristics_json(const Graph &g, const Problem &p, cudnnBackendHeurMo
             return o.raw("error", json_status(st)).str();
         allowed += ok;
     }
-    o.integer("configs", got).integer("allowed", allowed);
+    /* offered: the heuristic's count; materialized: the configs it then
+     * hands out, which without a device is none (each is checked against
+     * the device's properties) */
+    o.integer("offered", count).integer("materialized", got).integer("allowed", allowed);
     o.integers("engines", engines.data(), (int64_t)engines.size());
     return o.str();
 }
@@ -326,9 +329,13 @@ std::string graph_json(const Problem &p, GraphKind kind)
     o.string("kind", kind == GRAPH_FUSED ? "fused" : "conv");
     std::shared_ptr<Graph> g;
     ga_status st = recorded([&] { return build_graph(nullptr, p, kind, &g); });
-    o.raw("status", json_status(st)).raw("descriptors", log_json());
+    o.raw("status", json_status(st));
     if (st.error)
-        return o.str();
+        return o.raw("descriptors", log_json()).str();
+    /* first: reading attributes back may leave cuDNN's graph in another state */
+    o.raw("heuristics_a", heuristics_json(*g, p, CUDNN_HEUR_MODE_A));
+    o.raw("heuristics_fallback", heuristics_json(*g, p, CUDNN_HEUR_MODE_FALLBACK));
+    o.raw("descriptors", log_json());
     o.integer("op_graph", recorded_id(g->op_graph.get()));
     o.integers("real_uids", g->uids.data(), (int64_t)g->uids.size());
     int64_t n = 0, engines = 0;
@@ -336,8 +343,6 @@ std::string graph_json(const Problem &p, GraphKind kind)
                                                   CUDNN_ATTR_OPERATIONGRAPH_ENGINE_GLOBAL_COUNT,
                                                   CUDNN_TYPE_INT64, 1, &n, &engines));
     o.raw("engine_global_count", r.ok ? std::to_string(engines) : json_string(r.error));
-    o.raw("heuristics_a", heuristics_json(*g, p, CUDNN_HEUR_MODE_A));
-    o.raw("heuristics_fallback", heuristics_json(*g, p, CUDNN_HEUR_MODE_FALLBACK));
     {
         Desc pack;
         ga_status vs = recorded([&] { return make_variant_pack(*g, p, &pack); });

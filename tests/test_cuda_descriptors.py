@@ -1,0 +1,495 @@
+"""kernels/cuda's cuDNN descriptors, built by its own code against the real
+cuDNN with no GPU, and checked against the math each call asks for.
+
+The real libcudnn loads and validates descriptors without a device: every
+attribute is set and every descriptor finalized by the library itself.
+tests/descriptors/ is a small probe that includes kernels/cuda/conv.cu from
+the source tree this file lives in (so a change there is tested without
+reinstalling), builds each graph conv.cu would build for a case with conv.cu's
+own functions, records every descriptor call it makes (the link wraps them),
+reads back what cuDNN can read back of the finalized descriptors, builds the
+variant pack, and asks heuristics mode A for engine configs.  This file sends
+the cases, and checks what comes back against the convolution each case asks
+for: dims and strides of every tensor in the layout asked for, the
+convolution's paddings, strides and dilations, the data and compute types,
+the operation chain conv [-> add bias] [-> activation] with the pre-activation
+saved where asked, and the variant pack's pairing of tensor ids and pointers.
+
+The libraries come from the NVIDIA wheels torch installs (nvidia-cudnn-cu13,
+the CUDA 13 wheels) or from the CUDA toolkit (CUDA_HOME, /usr/local/cuda);
+g++ builds the probe.  Without either the tests skip and say what is missing.
+"""
+
+import glob
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROBE_DIR = os.path.join(ROOT, "tests", "descriptors")
+PROBE_SOURCES = ["main.cpp", "conv_probe.cpp", "matmul_probe.cpp"]
+WRAPPED = ["cudnnBackendCreateDescriptor", "cudnnBackendSetAttribute", "cudnnBackendFinalize",
+           "cudnnBackendDestroyDescriptor"]
+
+# ------------------------------------------------------------ the libraries
+
+
+def _site_dirs():
+    dirs = [sysconfig.get_paths().get(k) for k in ("purelib", "platlib")] + list(sys.path)
+    seen, out = set(), []
+    for d in dirs:
+        if d and os.path.isdir(d) and d not in seen:
+            seen.add(d)
+            out.append(d)
+    return out
+
+
+def _lib(folder, stem):
+    """libSTEM.so.N (or libSTEM.so) in folder, else None."""
+    hits = sorted(glob.glob(os.path.join(folder, "lib%s.so.[0-9]*" % stem)))
+    hits = [h for h in hits if re.fullmatch(r"lib%s\.so\.\d+" % stem, os.path.basename(h))] or hits
+    if hits:
+        return hits[0]
+    plain = os.path.join(folder, "lib%s.so" % stem)
+    return plain if os.path.exists(plain) else None
+
+
+def find_libraries():
+    """(include dirs, library files) for cuDNN, cuBLASLt and the CUDA runtime,
+    each header beside its own library; or (None, what is missing)."""
+    cudnn, cuda = [], []
+    for site in _site_dirs():
+        cudnn.append((os.path.join(site, "nvidia", "cudnn", "include"), os.path.join(site, "nvidia", "cudnn", "lib")))
+        cuda.append((os.path.join(site, "nvidia", "cu13", "include"), os.path.join(site, "nvidia", "cu13", "lib")))
+    for home in filter(None, [os.environ.get("CUDNN_HOME"), os.environ.get("CUDA_HOME"),
+                              os.environ.get("CUDA_PATH"), "/usr/local/cuda"]):
+        cudnn.append((os.path.join(home, "include"), os.path.join(home, "lib64")))
+    for home in filter(None, [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]):
+        cuda.append((os.path.join(home, "include"), os.path.join(home, "lib64")))
+    found_cudnn = next(((inc, _lib(lib, "cudnn")) for inc, lib in cudnn
+                        if os.path.exists(os.path.join(inc, "cudnn_graph.h")) and _lib(lib, "cudnn")), None)
+    found_cuda = next(((inc, _lib(lib, "cublasLt"), _lib(lib, "cudart")) for inc, lib in cuda
+                       if all(os.path.exists(os.path.join(inc, h))
+                              for h in ("cublasLt.h", "cuda_runtime.h", "nvtx3/nvToolsExt.h"))
+                       and _lib(lib, "cublasLt") and _lib(lib, "cudart")), None)
+    missing = []
+    if not found_cudnn:
+        missing.append("cuDNN 9 (cudnn_graph.h and libcudnn.so.9: the nvidia-cudnn-cu13 wheel or CUDA_HOME)")
+    if not found_cuda:
+        missing.append("cuBLASLt and the CUDA runtime (cublasLt.h, cuda_runtime.h, nvtx3, libcublasLt, "
+                       "libcudart: the nvidia CUDA 13 wheels or CUDA_HOME)")
+    if missing:
+        return None, " and ".join(missing)
+    return [found_cudnn[0], found_cuda[0]], [found_cudnn[1], found_cuda[1], found_cuda[2]]
+
+
+INCLUDES, LIBRARIES = find_libraries()
+CXX = shutil.which("g++")
+SKIP_REASON = None
+if INCLUDES is None:
+    SKIP_REASON = "needs " + LIBRARIES
+elif not CXX:
+    SKIP_REASON = "needs g++ to build the descriptor probe"
+
+
+def _inputs():
+    """Every file the probe is built from."""
+    files = [os.path.join(PROBE_DIR, f) for f in PROBE_SOURCES + ["probe.h"]]
+    for pattern in ("kernels/*.h", "kernels/cuda/*.cu", "kernels/cuda/*.cuh", "kernels/cuda/*.h"):
+        files += sorted(glob.glob(os.path.join(ROOT, pattern)))
+    return files
+
+
+def build_probe():
+    """The probe, built under the temp dir in a folder named by the hash of
+    its sources, flags and libraries: a changed kernels/cuda rebuilds it."""
+    flags = ["-std=c++17", "-O0", "-Wall", "-Wno-unused-function", "-ffunction-sections", "-fdata-sections",
+             "-I" + ROOT] + ["-I" + d for d in INCLUDES]
+    digest = hashlib.sha256()
+    for path in _inputs():
+        digest.update(path.encode() + b"\0" + open(path, "rb").read())
+    digest.update(json.dumps([CXX, flags, LIBRARIES]).encode())
+    out = os.path.join(tempfile.gettempdir(), "gpuaccel-descriptor-probe-" + digest.hexdigest()[:20])
+    probe = os.path.join(out, "probe")
+    if os.path.exists(probe):
+        return probe
+    work = tempfile.mkdtemp(prefix="gpuaccel-probe-build-")
+    objects = []
+    procs = []
+    for src in PROBE_SOURCES:
+        obj = os.path.join(work, src + ".o")
+        objects.append(obj)
+        procs.append((src, subprocess.Popen([CXX] + flags + ["-c", os.path.join(PROBE_DIR, src), "-o", obj],
+                                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
+    for src, proc in procs:
+        text = proc.communicate()[0]
+        if proc.returncode:
+            raise RuntimeError("compiling tests/descriptors/%s failed:\n%s" % (src, text[-8000:]))
+    lib_dirs = sorted({os.path.dirname(p) for p in LIBRARIES})
+    link = [CXX] + objects + ["-o", os.path.join(work, "probe"), "-Wl,--gc-sections",
+                              "-Wl," + ",".join("--wrap=" + f for f in WRAPPED)]
+    link += ["-L" + d for d in lib_dirs] + ["-l:" + os.path.basename(p) for p in LIBRARIES]
+    link += ["-Wl,-rpath," + d for d in lib_dirs] + ["-pthread", "-ldl"]
+    proc = subprocess.run(link, capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError("linking the descriptor probe failed:\n" + proc.stderr[-8000:])
+    os.makedirs(out, exist_ok=True)
+    os.replace(os.path.join(work, "probe"), probe)  # atomic: a parallel run sees all or nothing
+    shutil.rmtree(work, ignore_errors=True)
+    return probe
+
+
+def run_probe(lines):
+    """(versions, replies) for the case lines."""
+    env = dict(os.environ)
+    env.pop("LD_PRELOAD", None)  # CI's sanitizer step preloads libasan into Python
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(sorted({os.path.dirname(p) for p in LIBRARIES})
+                                             + [env.get("LD_LIBRARY_PATH", "")])
+    proc = subprocess.run([build_probe()], input="\n".join(lines) + "\n", capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode == 0, "the probe failed (%d):\n%s" % (proc.returncode, proc.stderr[-4000:])
+    out = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+    assert len(out) == len(lines) + 1, proc.stderr[-4000:]
+    for reply in out[1:]:
+        assert "protocol_error" not in reply, reply
+    return out[0], out[1:]
+
+
+# --------------------------------------------------------- cuDNN's enums
+
+
+def header_enums(header):
+    """NAME -> value of every enum constant in a cuDNN header (implicit
+    values counted on), so that the checks name attributes and types as
+    cuDNN's documentation does."""
+    text = re.sub(r"/\*.*?\*/|//[^\n]*", "", open(header).read(), flags=re.S)
+    values = {}
+    for body in re.findall(r"typedef\s+enum\s*\w*\s*\{(.*?)\}", text, flags=re.S):
+        nxt = 0
+        for item in body.split(","):
+            m = re.match(r"\s*(\w+)(?:\s+CUDNN_DEPRECATED_ENUM)?\s*(?:=\s*(.+))?$", item.strip(), flags=re.S)
+            if not m:
+                continue
+            name, expr = m.group(1), m.group(2)
+            if expr is not None:
+                expr = expr.strip()
+                if re.fullmatch(r"-?(0x[0-9a-fA-F]+|\d+)", expr):
+                    nxt = int(expr, 0)
+                elif expr in values:
+                    nxt = values[expr]
+                else:
+                    continue  # a computed value these checks do not use
+            values[name] = nxt
+            nxt += 1
+    return values
+
+
+@pytest.fixture(scope="module")
+def cudnn_enums():
+    return header_enums(os.path.join(INCLUDES[0], "cudnn_graph.h"))
+
+
+# ----------------------------------------------------------------- cases
+
+DTYPES = ["float16", "bfloat16", "float32", "float64"]
+ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
+IO_TYPE = {"float16": "CUDNN_DATA_HALF", "bfloat16": "CUDNN_DATA_BFLOAT16", "float32": "CUDNN_DATA_FLOAT",
+           "float64": "CUDNN_DATA_DOUBLE"}
+POINTER = {"x": 0x1000000, "w": 0x2000000, "y": 0x3000000, "bias": 0x4000000, "preact": 0x5000000,
+           "ws": 0x6000000}
+WORKSPACE = 1 << 20
+
+# (N, C, H, W, K, R, S, stride, padding, dilation, groups): odd sizes,
+# stride != padding, dilation, groups (depthwise too), a 1x1 filter over a
+# batch of one (size-1 dims, whose strides the graph normalizes)
+GEOMETRIES = [
+    (2, 6, 9, 11, 10, 3, 5, (2, 1), (1, 2), (1, 1), 1),
+    (3, 8, 13, 7, 12, 3, 3, (1, 2), (2, 0), (2, 1), 2),
+    (1, 9, 5, 6, 9, 1, 1, (1, 1), (0, 0), (1, 1), 3),
+    (2, 4, 7, 9, 8, 3, 3, (2, 2), (1, 3), (2, 2), 4),
+]
+
+# (bias, activation, preact): every forward epilogue gpuaccel fuses
+EPILOGUES = [(True, "none", False), (True, "none", True), (False, "relu", False), (True, "relu", False),
+             (True, "relu", True), (False, "relu", True), (False, "gelu", False), (True, "gelu", False),
+             (True, "gelu", True), (False, "gelu", True)]
+
+
+def packed_strides(dims, nhwc):
+    """Element strides of a packed NCHW-ordered tensor stored NCHW or NHWC."""
+    n, c, h, w = dims
+    return [c * h * w, 1, w * c, c] if nhwc else [c * h * w, h * w, w, 1]
+
+
+def out_size(size, k, stride, pad, dil):
+    return (size + 2 * pad - dil * (k - 1) - 1) // stride + 1
+
+
+class ConvCase:
+    def __init__(self, name, dtype, layout, op, geometry, bias=False, act="none", preact=False):
+        self.name, self.dtype, self.op = name, dtype, op
+        self.nhwc = layout == "nhwc"
+        n, c, h, w, k, r, s, self.stride, self.padding, self.dilation, self.groups = geometry
+        p = out_size(h, r, self.stride[0], self.padding[0], self.dilation[0])
+        q = out_size(w, s, self.stride[1], self.padding[1], self.dilation[1])
+        self.dims = {"x": [n, c, h, w], "w": [k, c // self.groups, r, s], "y": [n, k, p, q]}
+        self.dims["preact"] = self.dims["y"]
+        self.dims["bias"] = [1, k, 1, 1]
+        self.bias, self.act, self.preact = bias, act, preact
+
+    def line(self):
+        size = ITEMSIZE[self.dtype]
+
+        def spec(role):
+            strides = [s * size for s in packed_strides(self.dims[role], self.nhwc)]
+            return "%s=%#x:%s:%s" % (role, POINTER[role], ",".join(map(str, self.dims[role])),
+                                     ",".join(map(str, strides)))
+
+        words = ["probe=conv", "id=" + self.name, "dtype=" + self.dtype, "op=" + self.op, spec("x"), spec("w"),
+                 spec("y"), "stride=%d,%d" % self.stride, "padding=%d,%d" % self.padding,
+                 "dilation=%d,%d" % self.dilation, "groups=%d" % self.groups, "act=" + self.act,
+                 "ws=%#x" % POINTER["ws"], "ws_size=%d" % WORKSPACE]
+        if self.bias:
+            words.append("bias=%#x" % POINTER["bias"])
+        if self.preact:
+            words.append(spec("preact"))
+        return " ".join(words)
+
+    @property
+    def fused(self):
+        return self.op == "fwd" and (self.bias or self.act != "none")
+
+
+def conv_cases():
+    cases = []
+    for di, dtype in enumerate(DTYPES):
+        for li, layout in enumerate(["nchw", "nhwc"]):
+            tag = "%s-%s" % (dtype, layout)
+            for oi, op in enumerate(["fwd", "bwd_data", "bwd_filter"]):
+                geometry = GEOMETRIES[(di + li + oi) % len(GEOMETRIES)]
+                cases.append(ConvCase("%s-%s-g%d" % (tag, op, GEOMETRIES.index(geometry)), dtype, layout, op,
+                                      geometry))
+            for ei, (bias, act, preact) in enumerate(EPILOGUES):
+                geometry = GEOMETRIES[(di + li + ei) % len(GEOMETRIES)]
+                name = "%s-fwd-%s%s%s-g%d" % (tag, "bias-" if bias else "", act, "-preact" if preact else "",
+                                               GEOMETRIES.index(geometry))
+                cases.append(ConvCase(name, dtype, layout, "fwd", geometry, bias, act, preact))
+    return cases
+
+
+CONV_CASES = conv_cases()
+
+
+@pytest.fixture(scope="module")
+def conv_replies():
+    if SKIP_REASON:
+        pytest.skip(SKIP_REASON)
+    versions, replies = run_probe([c.line() for c in CONV_CASES])
+    return versions, {r["id"]: r for r in replies}
+
+
+# -------------------------------------------------------------- checking
+
+
+class Graph:
+    """A graph as the recorded descriptor calls describe it."""
+
+    def __init__(self, reply, enums):
+        self.e = enums
+        self.descs = {d["id"]: d for d in reply["descriptors"]}
+        self.reply = reply
+
+    def attrs(self, desc):
+        return {a["name"]: a for a in desc["attrs"]}
+
+    def value(self, desc, name, type_name, count=None):
+        """The values set for attribute `name`, checked to be set once with
+        cuDNN's documented type (and element count)."""
+        attr_id = self.e[name]
+        found = [a for a in desc["attrs"] if a["name"] == attr_id]
+        assert len(found) == 1, "%s set %d times on descriptor %d" % (name, len(found), desc["id"])
+        a = found[0]
+        assert a["type"] == self.e[type_name], "%s set as type %d, cuDNN wants %s" % (name, a["type"], type_name)
+        if count is not None:
+            assert a["count"] == count, "%s set with %d elements, cuDNN wants %d" % (name, a["count"], count)
+        assert a["status"] == 0, "cuDNN refused %s (status %d)" % (name, a["status"])
+        return a["values"]
+
+    def one(self, desc, name, type_name):
+        return self.value(desc, name, type_name, 1)[0]
+
+    def of_type(self, type_name):
+        return [d for d in self.descs.values() if d["type"] == self.e[type_name]]
+
+    def linked(self, desc, name):
+        return self.descs[self.one(desc, name, "CUDNN_TYPE_BACKEND_DESCRIPTOR")]
+
+
+def check_tensor(g, t, dims, strides, data_type, virtual):
+    """A tensor descriptor: as set (types and counts as cuDNN documents) and
+    as cuDNN reads it back after finalization."""
+    assert g.value(t, "CUDNN_ATTR_TENSOR_DIMENSIONS", "CUDNN_TYPE_INT64", 4) == dims
+    assert g.value(t, "CUDNN_ATTR_TENSOR_STRIDES", "CUDNN_TYPE_INT64", 4) == strides
+    assert g.one(t, "CUDNN_ATTR_TENSOR_DATA_TYPE", "CUDNN_TYPE_DATA_TYPE") == g.e[data_type]
+    uid = g.one(t, "CUDNN_ATTR_TENSOR_UNIQUE_ID", "CUDNN_TYPE_INT64")
+    assert g.one(t, "CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT", "CUDNN_TYPE_INT64") == 16
+    is_virtual = [a for a in t["attrs"] if a["name"] == g.e["CUDNN_ATTR_TENSOR_IS_VIRTUAL"]]
+    if virtual:
+        assert g.one(t, "CUDNN_ATTR_TENSOR_IS_VIRTUAL", "CUDNN_TYPE_BOOLEAN") is True
+    else:
+        assert not is_virtual or is_virtual[0]["values"] == [False]
+    back = t["readback"]
+    assert (back["uid"], back["dims"], back["strides"], back["data_type"], back["virtual"]) == (
+        uid, dims, strides, g.e[data_type], virtual), back
+    return uid
+
+
+def check_conv_graph(case, g, fused):
+    e = g.e
+    comp = "CUDNN_DATA_DOUBLE" if case.dtype == "float64" else "CUDNN_DATA_FLOAT"
+    io = IO_TYPE[case.dtype]
+    for d in g.descs.values():
+        assert d["finalized"] == 0, "descriptor %d (type %d) did not finalize" % (d["id"], d["type"])
+        assert all(a["status"] == 0 for a in d["attrs"]), d
+    op_graphs = g.of_type("CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR")
+    assert [d["id"] for d in op_graphs] == [g.reply["op_graph"]]
+    ops = [g.descs[i] for i in g.value(op_graphs[0], "CUDNN_ATTR_OPERATIONGRAPH_OPS",
+                                       "CUDNN_TYPE_BACKEND_DESCRIPTOR")]
+    expected_ops = 1 + (fused and case.bias) + (fused and case.act != "none")
+    assert len(ops) == expected_ops
+
+    # the convolution itself
+    conv_op = ops[0]
+    prefix, roles = {
+        "fwd": ("CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_", ("X", "W", "Y")),
+        "bwd_data": ("CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_", ("DX", "W", "DY")),
+        "bwd_filter": ("CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_", ("X", "DW", "DY")),
+    }[case.op]
+    op_type = {"fwd": "CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR",
+               "bwd_data": "CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR",
+               "bwd_filter": "CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR"}[case.op]
+    assert conv_op["type"] == e[op_type]
+    scalar = "CUDNN_TYPE_DOUBLE" if case.dtype == "float64" else "CUDNN_TYPE_FLOAT"
+    assert g.one(conv_op, prefix + "ALPHA", scalar) == 1
+    assert g.one(conv_op, prefix + "BETA", scalar) == 0
+    conv = g.linked(conv_op, prefix + "CONV_DESC")
+    assert conv["type"] == e["CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR"]
+    geometry = {"CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES": list(case.stride),
+                "CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS": list(case.padding),
+                "CUDNN_ATTR_CONVOLUTION_POST_PADDINGS": list(case.padding),
+                "CUDNN_ATTR_CONVOLUTION_DILATIONS": list(case.dilation)}
+    for name, want in geometry.items():
+        assert g.value(conv, name, "CUDNN_TYPE_INT64", 2) == want, name
+    assert g.one(conv, "CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS", "CUDNN_TYPE_INT64") == 2
+    assert g.one(conv, "CUDNN_ATTR_CONVOLUTION_COMP_TYPE", "CUDNN_TYPE_DATA_TYPE") == e[comp]
+    assert g.one(conv, "CUDNN_ATTR_CONVOLUTION_CONV_MODE", "CUDNN_TYPE_CONVOLUTION_MODE") == \
+        e["CUDNN_CROSS_CORRELATION"]
+    back = conv["readback"]
+    assert back["comp_type"] == e[comp] and back["spatial_dims"] == [2]
+    assert back["filter_strides"] == list(case.stride) and back["dilations"] == list(case.dilation)
+    assert back["pre_paddings"] == list(case.padding) and back["post_paddings"] == list(case.padding)
+
+    pointer_of = {}  # uid -> the pointer the variant pack must pair it with
+
+    def real(role, desc):
+        uid = check_tensor(g, desc, case.dims[role], packed_strides(case.dims[role], case.nhwc), io, False)
+        assert uid not in pointer_of, "uid %d names two tensors" % uid
+        pointer_of[uid] = POINTER[role]
+
+    def virtual(desc):
+        check_tensor(g, desc, case.dims["y"], packed_strides(case.dims["y"], case.nhwc), comp, True)
+
+    x, w, y = (g.linked(conv_op, prefix + r) for r in roles)
+    real("x", x)
+    real("w", w)
+    if not fused:
+        real("y", y)
+    else:
+        # conv -> c [-> c + bias -> z] [-> act(z) -> y]; the activation's
+        # input is the real preact tensor when it is saved
+        chain = [y]
+        pointwise = ops[1:]
+        for op in pointwise:
+            assert op["type"] == e["CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR"]
+            assert g.linked(op, "CUDNN_ATTR_OPERATION_POINTWISE_XDESC")["id"] == chain[-1]["id"], \
+                "the pointwise chain is broken"
+            assert g.one(op, "CUDNN_ATTR_OPERATION_POINTWISE_ALPHA1", "CUDNN_TYPE_FLOAT") == 1
+            assert g.one(op, "CUDNN_ATTR_OPERATION_POINTWISE_ALPHA2", "CUDNN_TYPE_FLOAT") == 1
+            chain.append(g.linked(op, "CUDNN_ATTR_OPERATION_POINTWISE_YDESC"))
+        modes = []
+        for op in pointwise:
+            pw = g.linked(op, "CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR")
+            modes.append(g.one(pw, "CUDNN_ATTR_POINTWISE_MODE", "CUDNN_TYPE_POINTWISE_MODE"))
+            assert g.one(pw, "CUDNN_ATTR_POINTWISE_MATH_PREC", "CUDNN_TYPE_DATA_TYPE") == e[comp]
+        want_modes = (["CUDNN_POINTWISE_ADD"] if case.bias else []) + (
+            [{"relu": "CUDNN_POINTWISE_RELU_FWD", "gelu": "CUDNN_POINTWISE_GELU_APPROX_TANH_FWD"}[case.act]]
+            if case.act != "none" else [])
+        assert modes == [e[m] for m in want_modes]
+        if case.bias:
+            add = pointwise[0]
+            real("bias", g.linked(add, "CUDNN_ATTR_OPERATION_POINTWISE_BDESC"))
+        for op in pointwise[len(pointwise) - (case.act != "none"):]:
+            assert not any(a["name"] == e["CUDNN_ATTR_OPERATION_POINTWISE_BDESC"] for a in op["attrs"])
+        real("y", chain[-1])
+        saved = case.preact and case.act != "none"
+        act_input = chain[-2] if case.act != "none" else None
+        for t in chain[:-1]:
+            if saved and t is act_input:
+                real("preact", t)
+            else:
+                virtual(t)
+
+    # the variant pack: every real tensor once, with its own pointer
+    pack = g.reply["variant_pack"]
+    assert pack["status"] is None, pack
+    (vp,) = pack["descriptors"]
+    assert vp["finalized"] == 0
+    uids = g.value(vp, "CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS", "CUDNN_TYPE_INT64")
+    pointers = g.value(vp, "CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS", "CUDNN_TYPE_VOID_PTR", len(uids))
+    assert sorted(uids) == sorted(pointer_of), "the variant pack's ids are not the graph's real tensors"
+    assert dict(zip(uids, pointers)) == pointer_of, "the variant pack pairs an id with another tensor's data"
+    assert g.value(vp, "CUDNN_ATTR_VARIANT_PACK_WORKSPACE", "CUDNN_TYPE_VOID_PTR", 1) == [POINTER["ws"]]
+
+
+def engine_report(versions, rows):
+    lines = ["", "cuDNN %d (built against %d), heuristics mode A with no GPU: engine configs offered per graph"
+             % (versions["cudnn"], versions["cudnn_built"])]
+    for name, kind, heur in rows:
+        lines.append("  %-52s %-6s %s" % (name, kind, heur.get("offered", heur)))
+    return "\n".join(lines)
+
+
+@pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
+def test_conv_graphs_describe_the_convolution(conv_replies, cudnn_enums, capsys):
+    versions, replies = conv_replies
+    rows, failures = [], []
+    for case in CONV_CASES:
+        reply = replies[case.name]
+        assert reply["eligible"] and reply["nhwc"] == case.nhwc, (case.name, reply)
+        assert reply["has_epilogue"] == case.fused
+        kinds = [g["kind"] for g in reply["graphs"]]
+        assert kinds == (["conv", "fused"] if case.fused else ["conv"]), case.name
+        for graph in reply["graphs"]:
+            if graph["status"] is not None:
+                failures.append("%s %s graph: %s" % (case.name, graph["kind"], graph["status"]))
+                continue
+            try:
+                check_conv_graph(case, Graph(graph, cudnn_enums), graph["kind"] == "fused")
+            except AssertionError as err:
+                failures.append("%s %s graph: %s" % (case.name, graph["kind"], err))
+            rows.append((case.name, graph["kind"], graph["heuristics_a"]))
+    with capsys.disabled():
+        print(engine_report(versions, rows))
+    assert not failures, "\n".join(failures[:20]) + ("\n... %d in all" % len(failures))
+    # a conv-only graph that no engine takes is a wrong graph: cuDNN has
+    # engines for every plain convolution gpuaccel asks for
+    empty = [(name, heur) for name, kind, heur in rows if kind == "conv" and not heur.get("offered")]
+    assert not empty, empty
