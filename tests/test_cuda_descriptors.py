@@ -493,3 +493,17 @@ def test_conv_graphs_describe_the_convolution(conv_replies, cudnn_enums, capsys)
     # engines for every plain convolution gpuaccel asks for
     empty = [(name, heur) for name, kind, heur in rows if kind == "conv" and not heur.get("offered")]
     assert not empty, empty
+
+
+@pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
+def test_cudnn_failure_reported_with_its_own_text():
+    """cuDNN's last-error string outlives the call that wrote it (a failure
+    nobody read, the warnings of a successful heuristics query): a failure
+    in conv.cu is reported with the text of that failure, read right after
+    it, and leaves no text behind for the next one."""
+    _, (reply,) = run_probe(["probe=cudnn_last_error id=stale"])
+    st = reply["status"]
+    assert st is not None and st["call"] == "cudnnBackendFinalize(conv.get())", st
+    assert "nullptr == handle" not in st["message"], "a failure was reported with an earlier call's text"
+    assert st["message"] and st["message"] != "cuDNN rejected this graph", "cuDNN's own reason was dropped"
+    assert reply["left"] == ""

@@ -174,8 +174,10 @@ ga_status finalize_status(cudnnStatus_t s, const char *call, const char *file, i
         return ga_ok();
     if (soft_failure(s)) {
         (void)cudaGetLastError(); /* a failed module load must not be blamed on a later launch */
+        /* cuDNN's reason, read (and so cleared) right after the failure */
+        const char *detail = ga_cudnn_last_error_text();
         return ga_status_make(GA_ERR_NOT_SUPPORTED, (int)s, cudnnGetErrorString(s),
-                              "cuDNN rejected this graph", call, file, line);
+                              detail[0] ? detail : "cuDNN rejected this graph", call, file, line);
     }
     return ga_cudnn_error(s, call, file, line);
 }
@@ -185,9 +187,12 @@ ga_status finalize_status(cudnnStatus_t s, const char *call, const char *file, i
  * supported", which selects the next route. */
 #define GA_SET(desc, name, type, count, values) \
     GA_CUDNN_TRY(cudnnBackendSetAttribute((desc), (name), (type), (count), (values)))
-#define GA_FINALIZE(desc)                                                                        \
-    GA_TRY_STATUS(finalize_status(cudnnBackendFinalize(desc), "cudnnBackendFinalize(" #desc ")", \
-                                  __FILE__, __LINE__))
+#define GA_FINALIZE(desc)                                                                      \
+    do {                                                                                       \
+        ga_cudnn_discard_last_error();                                                         \
+        GA_TRY_STATUS(finalize_status(cudnnBackendFinalize(desc),                              \
+                                      "cudnnBackendFinalize(" #desc ")", __FILE__, __LINE__)); \
+    } while (0)
 
 /* ================================================================ handles */
 
@@ -755,6 +760,7 @@ ga_status heuristic_plans(cudnnHandle_t handle, const std::shared_ptr<Graph> &g,
     GA_SET(heur.get(), CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
            &og);
     GA_SET(heur.get(), CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
+    ga_cudnn_discard_last_error();
     ga_status st = finalize_status(cudnnBackendFinalize(heur.get()), "cudnnBackendFinalize(heur)",
                                    __FILE__, __LINE__);
     if (is_unsupported(st))

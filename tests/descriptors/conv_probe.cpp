@@ -425,3 +425,48 @@ std::string probe_conv(const ProbeCase &c)
     o.string("last_error_left", last_error());
     return o.str();
 }
+
+/* Which text a cuDNN failure in conv.cu is reported with, when an earlier
+ * call left text behind (a failure nobody read, or the warnings a
+ * successful heuristics query leaves): build_graph on a convolution cuDNN
+ * refuses (dilation 0).  Replies with the status and what is left of
+ * cuDNN's last-error string afterwards. */
+std::string probe_cudnn_last_error(const ProbeCase &c)
+{
+    using namespace conv_probe;
+    JsonObject o;
+    o.string("id", c.text("id"));
+    /* the stale text: a failure whose text nobody reads */
+    cudnnBackendDescriptor_t og = nullptr;
+    cudnnHandle_t no_handle = nullptr;
+    cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, &og);
+    cudnnBackendSetAttribute(og, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &no_handle);
+    cudnnBackendDestroyDescriptor(og);
+    ga_conv_geometry g;
+    memset(&g, 0, sizeof g);
+    g.stride[0] = g.stride[1] = 1;
+    g.dilation[0] = g.dilation[1] = 0; /* cuDNN wants >= 1 */
+    g.groups = 1;
+    ga_tensor x, w, y;
+    const int64_t dims[3][4] = {{1, 4, 5, 5}, {4, 4, 1, 1}, {1, 4, 5, 5}};
+    ga_tensor *ts[3] = {&x, &w, &y};
+    for (int i = 0; i < 3; i++) {
+        memset(ts[i], 0, sizeof(ga_tensor));
+        ts[i]->data = (void *)(uintptr_t)(0x100000 * (i + 1));
+        ts[i]->dtype = GA_FLOAT32;
+        ts[i]->ndim = 4;
+        int64_t stride = 4;
+        for (int d = 3; d >= 0; d--) {
+            ts[i]->shape[d] = dims[i][d];
+            ts[i]->strides[d] = stride;
+            stride *= dims[i][d];
+        }
+    }
+    Problem p;
+    init_problem(&p, GA_CONV_FWD, &g, &x, &w, &y, nullptr, GA_ACT_NONE, nullptr, nullptr, 0);
+    std::shared_ptr<Graph> graph;
+    ga_status st = build_graph(nullptr, p, GRAPH_CONV, &graph);
+    o.raw("status", json_status(st));
+    o.string("left", last_error());
+    return o.str();
+}
