@@ -166,8 +166,15 @@ def run_probe(lines):
 # --------------------------------------------------------- cuDNN's enums
 
 
+def _term(text, values):
+    text = text.strip().strip("()").strip()
+    if re.fullmatch(r"0x[0-9a-fA-F]+|\d+", text):
+        return int(text, 0)
+    return values.get(text)
+
+
 def header_enums(header):
-    """NAME -> value of every enum constant in a cuDNN header (implicit
+    """NAME -> value of every enum constant in a cuDNN or CUDA header (implicit
     values counted on), so that the checks name attributes and types as
     cuDNN's documentation does."""
     text = re.sub(r"/\*.*?\*/|//[^\n]*", "", open(header).read(), flags=re.S)
@@ -183,8 +190,10 @@ def header_enums(header):
                 expr = expr.strip()
                 if re.fullmatch(r"-?(0x[0-9a-fA-F]+|\d+)", expr):
                     nxt = int(expr, 0)
-                elif expr in values:
-                    nxt = values[expr]
+                elif all(_term(part, values) is not None for part in expr.strip("()").split("|")):
+                    nxt = 0
+                    for part in expr.strip("()").split("|"):
+                        nxt |= _term(part, values)
                 else:
                     continue  # a computed value these checks do not use
             values[name] = nxt
@@ -507,3 +516,141 @@ def test_cudnn_failure_reported_with_its_own_text():
     assert "nullptr == handle" not in st["message"], "a failure was reported with an earlier call's text"
     assert st["message"] and st["message"] != "cuDNN rejected this graph", "cuDNN's own reason was dropped"
     assert reply["left"] == ""
+
+
+# ---------------------------------------------------------------- matmul
+
+
+@pytest.fixture(scope="module")
+def lt_enums():
+    values = {}
+    for header in ("cublasLt.h", "cublas_api.h", "library_types.h"):
+        values.update(header_enums(os.path.join(INCLUDES[1], header)))
+    return values
+
+
+LT_TYPE = {"float16": "CUDA_R_16F", "bfloat16": "CUDA_R_16BF", "float32": "CUDA_R_32F", "float64": "CUDA_R_64F"}
+M, K, N = 37, 29, 23  # odd, not multiples of any tile
+
+
+class MatmulCase:
+    """D[b] = epilogue(A[b] @ B[b]); A (M x K) and B (K x N) row-major or
+    transposed views; leading dimensions padded to multiples of 8 (cuBLASLt
+    wants that of an aux matrix)."""
+
+    def __init__(self, name, dtype, epilogue, a_t=False, b_t=False, batch=1, **extra):
+        self.name, self.dtype, self.want, self.batch, self.extra = name, dtype, epilogue, batch, extra
+        self.a_t, self.b_t = a_t, b_t
+        ld = lambda n: (n + 7) // 8 * 8  # noqa: E731
+        self.mats = {}
+        # (rows, cols, row_stride, col_stride): a transposed view has row_stride 1
+        self.mats["a"] = (M, K, 1, ld(M)) if a_t else (M, K, ld(K), 1)
+        self.mats["b"] = (K, N, 1, ld(K)) if b_t else (K, N, ld(N), 1)
+        self.mats["d"] = (M, N, ld(N), 1)
+        for aux in ("preact", "dact_aux"):
+            if aux in extra:
+                self.mats[aux] = (M, N, ld(N) + 8, 1)
+        self.batch_stride = {k: (ld(max(r, c)) * ld(max(r, c)) if batch > 1 else 0) for k, (r, c, _, _) in
+                             self.mats.items()}
+
+    def line(self):
+        words = ["probe=matmul", "id=" + self.name, "batch=%d" % self.batch, "ws_size=%d" % WORKSPACE]
+        for key, (r, c, rs, cs) in self.mats.items():
+            words.append("%s=%#x:%s:%d,%d:%d,%d,%d" % (key, POINTER_MM[key], self.dtype, r, c, rs, cs,
+                                                       self.batch_stride[key]))
+        for key, value in self.extra.items():
+            if key in ("preact", "dact_aux"):
+                continue
+            words.append("%s=%s" % (key, "%#x" % POINTER_MM[key] if key in POINTER_MM else value))
+        return " ".join(words)
+
+
+POINTER_MM = {"a": 0x1000000, "b": 0x2000000, "d": 0x3000000, "bias": 0x4000000, "preact": 0x5000000,
+              "dact_aux": 0x6000000, "col_sums": 0x7000000, "a_row_sums": 0x8000000}
+
+
+def matmul_cases():
+    cases = []
+    for dtype in DTYPES:
+        for a_t, b_t in [(False, False), (True, False), (False, True), (True, True)]:
+            tag = "%s-%s%s" % (dtype, "at" if a_t else "a", "bt" if b_t else "b")
+            cases.append(MatmulCase(tag + "-default", dtype, "CUBLASLT_EPILOGUE_DEFAULT", a_t, b_t))
+            cases.append(MatmulCase(tag + "-bias", dtype, "CUBLASLT_EPILOGUE_BIAS", a_t, b_t, bias=1))
+            cases.append(MatmulCase(tag + "-relu-bias", dtype, "CUBLASLT_EPILOGUE_RELU_BIAS", a_t, b_t, bias=1,
+                                    act="relu"))
+            cases.append(MatmulCase(tag + "-gelu-bias", dtype, "CUBLASLT_EPILOGUE_GELU_BIAS", a_t, b_t, bias=1,
+                                    act="gelu"))
+            cases.append(MatmulCase(tag + "-gelu-aux", dtype, "CUBLASLT_EPILOGUE_GELU_AUX", a_t, b_t,
+                                    act="gelu", preact=1))
+            cases.append(MatmulCase(tag + "-gelu-aux-bias", dtype, "CUBLASLT_EPILOGUE_GELU_AUX_BIAS", a_t, b_t,
+                                    bias=1, act="gelu", preact=1))
+            cases.append(MatmulCase(tag + "-dgelu-bgrad", dtype, "CUBLASLT_EPILOGUE_DGELU_BGRAD", a_t, b_t,
+                                    dact="gelu", dact_aux=1, col_sums=1))
+            cases.append(MatmulCase(tag + "-bgradb", dtype, "CUBLASLT_EPILOGUE_BGRADB", a_t, b_t, a_row_sums=1))
+            for want, extra in [("CUBLASLT_EPILOGUE_BIAS", {"bias": 1}),
+                                ("CUBLASLT_EPILOGUE_GELU_AUX_BIAS", {"bias": 1, "act": "gelu", "preact": 1})]:
+                cases.append(MatmulCase(tag + "-batch3-" + want.split("EPILOGUE_")[1].lower(), dtype, want, a_t,
+                                        b_t, batch=3, **extra))
+    return cases
+
+
+MATMUL_CASES = matmul_cases()
+
+
+def check_matmul(case, reply, e):
+    assert reply["fused"] == (case.want != "CUBLASLT_EPILOGUE_DEFAULT") or case.want == "CUBLASLT_EPILOGUE_DEFAULT"
+    call = reply["fused_call"] if reply["fused"] else reply["plain_call"]
+    assert reply.get("epilogue", e["CUBLASLT_EPILOGUE_DEFAULT"]) == e[case.want]
+    assert call["described"], "matmul.cu cannot describe the call to cuBLASLt"
+    # every layout and preference attribute accepted: only the heuristic,
+    # which needs a device, may fail
+    st = call["plan_status"]
+    assert st is None or st["call"] == "cublasLtMatmulAlgoGetHeuristic", st
+    assert call["desc_status"] is None, call["desc_status"]
+    t = e[LT_TYPE[case.dtype]]
+    # row-major D = A @ B is column-major D^T = B^T @ A^T: cuBLASLt's A is
+    # our B, its B our A, m = N, n = M, k = K
+    a, b, d = call["a"], call["b"], call["d"]
+    desc = call["desc"]
+    op_n, op_t = e["CUBLAS_OP_N"], e["CUBLAS_OP_T"]
+    assert desc["transa"] == (op_t if case.b_t else op_n) and desc["transb"] == (op_t if case.a_t else op_n)
+    op_a = (a["cols"], a["rows"]) if case.b_t else (a["rows"], a["cols"])
+    op_b = (b["cols"], b["rows"]) if case.a_t else (b["rows"], b["cols"])
+    assert op_a == (N, K) and op_b == (K, M), (op_a, op_b)
+    assert (d["rows"], d["cols"]) == (N, M) and call["c"] == d
+    assert a["ld"] == (case.mats["b"][3] if case.b_t else case.mats["b"][2])
+    assert b["ld"] == (case.mats["a"][3] if case.a_t else case.mats["a"][2])
+    assert d["ld"] == case.mats["d"][2]
+    assert a["type"] == b["type"] == d["type"] == t
+    assert all(x["order"] == e["CUBLASLT_ORDER_COL"] for x in (a, b, d))
+    assert [a["batch_count"], b["batch_count"], d["batch_count"]] == [case.batch] * 3
+    if case.batch > 1:
+        assert [a["batch_offset"], b["batch_offset"], d["batch_offset"]] == [
+            case.batch_stride["b"], case.batch_stride["a"], case.batch_stride["d"]]
+    compute = "CUBLAS_COMPUTE_64F" if case.dtype == "float64" else "CUBLAS_COMPUTE_32F"
+    assert desc["compute_type"] == e[compute]
+    assert desc["scale_type"] == e["CUDA_R_64F" if case.dtype == "float64" else "CUDA_R_32F"]
+    assert desc["epilogue"] == e[case.want]
+    bias_source = {"CUBLASLT_EPILOGUE_DGELU_BGRAD": "col_sums", "CUBLASLT_EPILOGUE_BGRADB": "a_row_sums"}.get(
+        case.want, "bias" if "BIAS" in case.want else None)
+    if bias_source:
+        assert desc["bias_pointer"] == POINTER_MM[bias_source]
+        assert desc["bias_data_type"] == t  # the cases give D's dtype
+    aux = "preact" if "AUX" in case.want else "dact_aux" if "DGELU" in case.want else None
+    if aux:
+        assert desc["aux_pointer"] == POINTER_MM[aux]
+        assert desc["aux_ld"] == case.mats[aux][2]
+        if case.batch > 1:
+            assert desc["aux_batch_stride"] == case.batch_stride[aux]
+
+
+@pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
+def test_matmul_descriptors_describe_the_gemm(lt_enums):
+    versions, replies = run_probe([c.line() for c in MATMUL_CASES])
+    failures = []
+    for case, reply in zip(MATMUL_CASES, replies):
+        try:
+            check_matmul(case, reply, lt_enums)
+        except AssertionError as err:
+            failures.append("%s: %s" % (case.name, err))
+    assert not failures, "\n".join(failures[:20]) + ("\n... %d in all" % len(failures))
