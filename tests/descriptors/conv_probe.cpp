@@ -70,7 +70,8 @@ std::string values_json(cudnnBackendAttributeType_t type, int64_t count, const v
         }
         case CUDNN_TYPE_BOOLEAN: out.push_back(((const bool *)values)[i] ? "true" : "false"); break;
         case CUDNN_TYPE_BACKEND_DESCRIPTOR:
-            out.push_back(std::to_string(recorded_id(((const cudnnBackendDescriptor_t *)values)[i])));
+            out.push_back(
+                std::to_string(recorded_id(((const cudnnBackendDescriptor_t *)values)[i])));
             break;
         case CUDNN_TYPE_VOID_PTR:
         case CUDNN_TYPE_HANDLE:
@@ -174,7 +175,8 @@ Read read_status(cudnnStatus_t s)
 
 /* An int64 array attribute (at most `max` elements: cuDNN wants exactly 1
  * asked for a scalar), or the failure as a string. */
-std::string read_int64s(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name, int64_t max = 16)
+std::string read_int64s(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name,
+                        int64_t max = 16)
 {
     int64_t values[16];
     int64_t n = 0;
@@ -193,11 +195,11 @@ std::string tensor_json(cudnnBackendDescriptor_t t)
     int64_t n = 0, uid = 0, align = 0;
     cudnnDataType_t type = CUDNN_DATA_FLOAT;
     bool is_virtual = false;
-    Read r = read_status(cudnnBackendGetAttribute(t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64,
-                                                  1, &n, &uid));
+    Read r = read_status(
+        cudnnBackendGetAttribute(t, CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &n, &uid));
     o.raw("uid", r.ok ? std::to_string(uid) : json_string(r.error));
-    r = read_status(cudnnBackendGetAttribute(t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1,
-                                             &n, &type));
+    r = read_status(cudnnBackendGetAttribute(t, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE,
+                                             1, &n, &type));
     o.raw("data_type", r.ok ? std::to_string((int)type) : json_string(r.error));
     o.raw("dims", read_int64s(t, CUDNN_ATTR_TENSOR_DIMENSIONS));
     o.raw("strides", read_int64s(t, CUDNN_ATTR_TENSOR_STRIDES));
@@ -273,10 +275,12 @@ std::string heuristics_json(const Graph &g, const Problem &p, cudnnBackendHeurMo
         cudnnBackendDescriptor_t e = engine.get();
         int64_t n = 0, index = -1;
         if (cudnnBackendGetAttribute(raw[(size_t)i], CUDNN_ATTR_ENGINECFG_ENGINE,
-                                     CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &e) != CUDNN_STATUS_SUCCESS) {
+                                     CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n,
+                                     &e) != CUDNN_STATUS_SUCCESS) {
             return o.string("error", "engine of config: " + last_error()).str();
         }
-        cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n, &index);
+        cudnnBackendGetAttribute(e, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &n,
+                                 &index);
         engines.push_back(index);
         bool ok = false;
         ga_status st = engine_allowed(e, p, &ok);
@@ -346,7 +350,8 @@ std::string graph_json(const Problem &p, GraphKind kind)
     {
         Desc pack;
         ga_status vs = recorded([&] { return make_variant_pack(*g, p, &pack); });
-        o.raw("variant_pack", JsonObject().raw("status", json_status(vs)).raw("descriptors", log_json()).str());
+        o.raw("variant_pack",
+              JsonObject().raw("status", json_status(vs)).raw("descriptors", log_json()).str());
     }
     return o.str();
 }
@@ -395,7 +400,9 @@ std::string probe_conv(const ProbeCase &c)
                   : op_name == "bwd_filter" ? GA_CONV_BWD_FILTER
                                             : GA_CONV_FWD;
     std::string act_name = c.text("act");
-    ga_activation act = act_name == "relu" ? GA_ACT_RELU : act_name == "gelu" ? GA_ACT_GELU : GA_ACT_NONE;
+    ga_activation act = act_name == "relu"   ? GA_ACT_RELU
+                        : act_name == "gelu" ? GA_ACT_GELU
+                                             : GA_ACT_NONE;
     ga_conv_geometry g;
     memset(&g, 0, sizeof g);
     std::vector<int64_t> stride = c.integers("stride"), padding = c.integers("padding"),
@@ -440,7 +447,8 @@ std::string probe_cudnn_last_error(const ProbeCase &c)
     cudnnBackendDescriptor_t og = nullptr;
     cudnnHandle_t no_handle = nullptr;
     cudnnBackendCreateDescriptor(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, &og);
-    cudnnBackendSetAttribute(og, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &no_handle);
+    cudnnBackendSetAttribute(og, CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1,
+                             &no_handle);
     cudnnBackendDestroyDescriptor(og);
     ga_conv_geometry g;
     memset(&g, 0, sizeof g);

@@ -69,8 +69,9 @@ std::vector<int64_t> ProbeCase::integers(const char *key) const
 
 ga_dtype ProbeCase::dtype(const char *key) const
 {
-    static const char *names[GA_NUM_DTYPES] = {"bool",  "uint8",   "int8",     "int16",   "int32",
-                                               "int64", "float16", "bfloat16", "float32", "float64"};
+    static const char *names[GA_NUM_DTYPES] = {"bool",    "uint8",  "int8",    "int16",
+                                               "int32",   "int64",  "float16", "bfloat16",
+                                               "float32", "float64"};
     std::string s = text(key);
     for (int i = 0; i < GA_NUM_DTYPES; i++)
         if (s == names[i])
@@ -174,7 +175,8 @@ int main()
         else if (c.text("probe") == "cudnn_last_error")
             reply = probe_cudnn_last_error(c);
         else
-            reply = JsonObject().string("protocol_error", "unknown probe: " + c.text("probe")).str();
+            reply =
+                JsonObject().string("protocol_error", "unknown probe: " + c.text("probe")).str();
         std::cout << reply << std::endl;
     }
     return 0;

@@ -40,8 +40,7 @@ bool parse_matrix(const ProbeCase &c, const char *key, ga_matrix *m)
 }
 
 /* One attribute read back as a signed integer, or its failure. */
-template <typename T, typename Get>
-void read_attr(JsonObject &o, const char *key, Get get)
+template <typename T, typename Get> void read_attr(JsonObject &o, const char *key, Get get)
 {
     T value = 0;
     size_t written = 0;
