@@ -1,390 +1,656 @@
-"""cuDNN's descriptors as kernels/cuda/conv.cu builds them, checked against
-the real library on a machine without a GPU.
+"""kernels/cuda's cuDNN descriptors, built by its own code against the real
+cuDNN with no GPU, and checked against the math each call asks for.
 
-cuDNN loads and validates device-less: every tensor, convolution,
-pointwise, operation and operation-graph descriptor finalizes, the variant
-pack finalizes, and heuristics mode A returns engine configs.  This test
-compiles conv.cu *from this tree* with GA_DESCRIPTOR_PROBE (a test-only
-entry point at its end; the extension never has it) together with
-descriptors/probe_stubs.cu into a small library linked to the real
-libcudnn (torch's NVIDIA wheel, else the CUDA toolkit's), builds the graph
-of every variant gpuaccel can build — forward, backward-data,
-backward-filter; float16/bfloat16/float32/float64; NCHW/NHWC; groups,
-dilation, stride and padding that differ; the fused forward with and
-without bias, with none/relu/gelu and with and without a saved
-pre-activation — reads every finalized descriptor back and checks that it
-describes the intended math: dims, strides, data and compute types,
-paddings, strides, dilations, the pointwise chain, the variant pack's
-UIDs.  It also reports how many engine configs heuristics mode A offers
-each graph (a fused graph with none is a fusion that never runs).
+The real libcudnn loads and validates descriptors without a device: every
+attribute is set and every descriptor finalized by the library itself.
+tests/descriptors/ is a small probe that includes kernels/cuda/conv.cu from
+the source tree this file lives in (so a change there is tested without
+reinstalling), builds each graph conv.cu would build for a case with conv.cu's
+own functions, records every descriptor call it makes (the link wraps them),
+reads back what cuDNN can read back of the finalized descriptors, builds the
+variant pack, and asks heuristics mode A for engine configs.  This file sends
+the cases, and checks what comes back against the convolution each case asks
+for: dims and strides of every tensor in the layout asked for, the
+convolution's paddings, strides and dilations, the data and compute types,
+the operation chain conv [-> add bias] [-> activation] with the pre-activation
+saved where asked, and the variant pack's pairing of tensor ids and pointers.
 
-The same for kernels/cuda/matmul.cu's cuBLASLt call: for matmul and
-linear with each epilogue (BIAS, RELU_BIAS, GELU_BIAS, GELU_AUX(_BIAS),
-DGELU_BGRAD, BGRADB), each transpose and batch case and every dtype, the
-four layouts, the matmul descriptor and the preference are built as
-ga_cuda_matmul builds them and read back: the row-major to column-major
-swap (cuBLASLt's A is our B^T, its m is our N), the leading dimensions,
-the epilogue, the bias data type, the aux leading dimension, the compute
-and scale types, the reduction schemes of deterministic mode.  (cuBLASLt's
-heuristic query needs a device: not asked.)
+The libraries come from the NVIDIA wheels torch installs (nvidia-cudnn-cu13,
+the CUDA 13 wheels) or from the CUDA toolkit (CUDA_HOME, /usr/local/cuda);
+g++ builds the probe.  Without either the tests skip and say what is missing.
 """
 
-import ctypes
 import glob
 import hashlib
 import json
 import os
+import re
 import shutil
-import site
 import subprocess
 import sys
+import sysconfig
 import tempfile
 
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SOURCES = [os.path.join(ROOT, "kernels", "cuda", "conv.cu"), os.path.join(ROOT, "kernels", "cuda", "matmul.cu"),
-           os.path.join(ROOT, "tests", "descriptors", "probe_stubs.cu")]
-HEADERS = (glob.glob(os.path.join(ROOT, "kernels", "*.h")) + glob.glob(os.path.join(ROOT, "kernels", "cuda", "*.h")) +
-           glob.glob(os.path.join(ROOT, "kernels", "cuda", "*.cuh")))
+PROBE_DIR = os.path.join(ROOT, "tests", "descriptors")
+PROBE_SOURCES = ["main.cpp", "conv_probe.cpp", "matmul_probe.cpp"]
+WRAPPED = ["cudnnBackendCreateDescriptor", "cudnnBackendSetAttribute", "cudnnBackendFinalize",
+           "cudnnBackendDestroyDescriptor"]
 
-FLOAT16, BFLOAT16, FLOAT32, FLOAT64 = 6, 7, 8, 9  # ga_dtype (kernels/kernels.h)
-ITEMSIZE = {FLOAT16: 2, BFLOAT16: 2, FLOAT32: 4, FLOAT64: 8}
-NAMES = {FLOAT16: "float16", BFLOAT16: "bfloat16", FLOAT32: "float32", FLOAT64: "float64"}
-CUDNN_TYPE = {FLOAT16: 2, BFLOAT16: 9, FLOAT32: 0, FLOAT64: 1}  # cudnnDataType_t: HALF, BFLOAT16, FLOAT, DOUBLE
-FWD, BWD_DATA, BWD_FILTER = 0, 1, 2
-NONE, RELU, GELU = 0, 1, 2
-UID_X, UID_W, UID_Y, UID_BIAS, UID_PREACT = 1, 2, 3, 4, 5
+# ------------------------------------------------------------ the libraries
 
 
-class Tensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int), ("ndim", ctypes.c_int),
-                ("shape", ctypes.c_int64 * 32), ("strides", ctypes.c_int64 * 32)]
-
-
-class Geometry(ctypes.Structure):
-    _fields_ = [("stride", ctypes.c_int * 2), ("padding", ctypes.c_int * 2), ("dilation", ctypes.c_int * 2),
-                ("groups", ctypes.c_int), ("allow_tf32", ctypes.c_int), ("deterministic", ctypes.c_int)]
-
-
-class Matrix(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int), ("rows", ctypes.c_int64),
-                ("cols", ctypes.c_int64), ("row_stride", ctypes.c_int64), ("col_stride", ctypes.c_int64),
-                ("batch_stride", ctypes.c_int64)]
-
-
-class MatmulDesc(ctypes.Structure):
-    _fields_ = [("batch", ctypes.c_int64), ("a", Matrix), ("b", Matrix), ("d", Matrix), ("bias", ctypes.c_void_p),
-                ("bias_dtype", ctypes.c_int), ("activation", ctypes.c_int), ("preact", Matrix), ("dact", ctypes.c_int),
-                ("dact_aux", Matrix), ("col_sums", ctypes.c_void_p), ("col_sums_dtype", ctypes.c_int),
-                ("a_row_sums", ctypes.c_void_p), ("a_row_sums_dtype", ctypes.c_int), ("allow_tf32", ctypes.c_int),
-                ("deterministic", ctypes.c_int)]
-
-
-def nvcc():
-    for candidate in (os.environ.get("CUDA_HOME") and os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc"),
-                      shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
-        if candidate and os.path.exists(candidate):
-            return candidate
-    return None
-
-
-def library_dir(soname, wheel):
-    """The folder of `soname`: torch's NVIDIA wheel's (what users load),
-    else the CUDA toolkit's."""
-    dirs = [os.path.join(p, "nvidia", wheel, "lib") for p in site.getsitepackages() + sys.path if p]
-    dirs.append(os.path.join(os.path.dirname(os.path.dirname(nvcc() or "/x/y")), "lib64"))
+def _site_dirs():
+    dirs = [sysconfig.get_paths().get(k) for k in ("purelib", "platlib")] + list(sys.path)
+    seen, out = set(), []
     for d in dirs:
-        if os.path.exists(os.path.join(d, soname)):
-            return d
-    return None
+        if d and os.path.isdir(d) and d not in seen:
+            seen.add(d)
+            out.append(d)
+    return out
+
+
+def _lib(folder, stem):
+    """libSTEM.so.N (or libSTEM.so) in folder, else None."""
+    hits = sorted(glob.glob(os.path.join(folder, "lib%s.so.[0-9]*" % stem)))
+    hits = [h for h in hits if re.fullmatch(r"lib%s\.so\.\d+" % stem, os.path.basename(h))] or hits
+    if hits:
+        return hits[0]
+    plain = os.path.join(folder, "lib%s.so" % stem)
+    return plain if os.path.exists(plain) else None
+
+
+def find_libraries():
+    """(include dirs, library files) for cuDNN, cuBLASLt and the CUDA runtime,
+    each header beside its own library; or (None, what is missing)."""
+    cudnn, cuda = [], []
+    for site in _site_dirs():
+        cudnn.append((os.path.join(site, "nvidia", "cudnn", "include"), os.path.join(site, "nvidia", "cudnn", "lib")))
+        cuda.append((os.path.join(site, "nvidia", "cu13", "include"), os.path.join(site, "nvidia", "cu13", "lib")))
+    for home in filter(None, [os.environ.get("CUDNN_HOME"), os.environ.get("CUDA_HOME"),
+                              os.environ.get("CUDA_PATH"), "/usr/local/cuda"]):
+        cudnn.append((os.path.join(home, "include"), os.path.join(home, "lib64")))
+    for home in filter(None, [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]):
+        cuda.append((os.path.join(home, "include"), os.path.join(home, "lib64")))
+    found_cudnn = next(((inc, _lib(lib, "cudnn")) for inc, lib in cudnn
+                        if os.path.exists(os.path.join(inc, "cudnn_graph.h")) and _lib(lib, "cudnn")), None)
+    found_cuda = next(((inc, _lib(lib, "cublasLt"), _lib(lib, "cudart")) for inc, lib in cuda
+                       if all(os.path.exists(os.path.join(inc, h))
+                              for h in ("cublasLt.h", "cuda_runtime.h", "nvtx3/nvToolsExt.h"))
+                       and _lib(lib, "cublasLt") and _lib(lib, "cudart")), None)
+    missing = []
+    if not found_cudnn:
+        missing.append("cuDNN 9 (cudnn_graph.h and libcudnn.so.9: the nvidia-cudnn-cu13 wheel or CUDA_HOME)")
+    if not found_cuda:
+        missing.append("cuBLASLt and the CUDA runtime (cublasLt.h, cuda_runtime.h, nvtx3, libcublasLt, "
+                       "libcudart: the nvidia CUDA 13 wheels or CUDA_HOME)")
+    if missing:
+        return None, " and ".join(missing)
+    return [found_cudnn[0], found_cuda[0]], [found_cudnn[1], found_cuda[1], found_cuda[2]]
+
+
+INCLUDES, LIBRARIES = find_libraries()
+CXX = shutil.which("g++")
+SKIP_REASON = None
+if INCLUDES is None:
+    SKIP_REASON = "needs " + LIBRARIES
+elif not CXX:
+    SKIP_REASON = "needs g++ to build the descriptor probe"
+
+
+def _inputs():
+    """Every file the probe is built from."""
+    files = [os.path.join(PROBE_DIR, f) for f in PROBE_SOURCES + ["probe.h"]]
+    for pattern in ("kernels/*.h", "kernels/cuda/*.cu", "kernels/cuda/*.cuh", "kernels/cuda/*.h"):
+        files += sorted(glob.glob(os.path.join(ROOT, pattern)))
+    return files
+
+
+def build_probe():
+    """The probe, built under the temp dir in a folder named by the hash of
+    its sources, flags and libraries: a changed kernels/cuda rebuilds it."""
+    flags = ["-std=c++17", "-O0", "-Wall", "-Wno-unused-function", "-ffunction-sections", "-fdata-sections",
+             "-I" + ROOT] + ["-I" + d for d in INCLUDES]
+    digest = hashlib.sha256()
+    for path in _inputs():
+        digest.update(path.encode() + b"\0" + open(path, "rb").read())
+    digest.update(json.dumps([CXX, flags, LIBRARIES]).encode())
+    out = os.path.join(tempfile.gettempdir(), "gpuaccel-descriptor-probe-" + digest.hexdigest()[:20])
+    probe = os.path.join(out, "probe")
+    if os.path.exists(probe):
+        return probe
+    work = tempfile.mkdtemp(prefix="gpuaccel-probe-build-")
+    objects = []
+    procs = []
+    for src in PROBE_SOURCES:
+        obj = os.path.join(work, src + ".o")
+        objects.append(obj)
+        procs.append((src, subprocess.Popen([CXX] + flags + ["-c", os.path.join(PROBE_DIR, src), "-o", obj],
+                                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
+    for src, proc in procs:
+        text = proc.communicate()[0]
+        if proc.returncode:
+            raise RuntimeError("compiling tests/descriptors/%s failed:\n%s" % (src, text[-8000:]))
+    lib_dirs = sorted({os.path.dirname(p) for p in LIBRARIES})
+    link = [CXX] + objects + ["-o", os.path.join(work, "probe"), "-Wl,--gc-sections",
+                              "-Wl," + ",".join("--wrap=" + f for f in WRAPPED)]
+    link += ["-L" + d for d in lib_dirs] + ["-l:" + os.path.basename(p) for p in LIBRARIES]
+    link += ["-Wl,-rpath," + d for d in lib_dirs] + ["-pthread", "-ldl"]
+    proc = subprocess.run(link, capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError("linking the descriptor probe failed:\n" + proc.stderr[-8000:])
+    os.makedirs(out, exist_ok=True)
+    os.replace(os.path.join(work, "probe"), probe)  # atomic: a parallel run sees all or nothing
+    shutil.rmtree(work, ignore_errors=True)
+    return probe
+
+
+def run_probe(lines):
+    """(versions, replies) for the case lines."""
+    env = dict(os.environ)
+    env.pop("LD_PRELOAD", None)  # CI's sanitizer step preloads libasan into Python
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(sorted({os.path.dirname(p) for p in LIBRARIES})
+                                             + [env.get("LD_LIBRARY_PATH", "")])
+    proc = subprocess.run([build_probe()], input="\n".join(lines) + "\n", capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode == 0, "the probe failed (%d):\n%s" % (proc.returncode, proc.stderr[-4000:])
+    out = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
+    assert len(out) == len(lines) + 1, proc.stderr[-4000:]
+    for reply in out[1:]:
+        assert "protocol_error" not in reply, reply
+    return out[0], out[1:]
+
+
+# --------------------------------------------------------- cuDNN's enums
+
+
+def _term(text, values):
+    text = text.strip().strip("()").strip()
+    if re.fullmatch(r"0x[0-9a-fA-F]+|\d+", text):
+        return int(text, 0)
+    return values.get(text)
+
+
+def header_enums(header):
+    """NAME -> value of every enum constant in a cuDNN or CUDA header (implicit
+    values counted on), so that the checks name attributes and types as
+    cuDNN's documentation does."""
+    text = re.sub(r"/\*.*?\*/|//[^\n]*", "", open(header).read(), flags=re.S)
+    values = {}
+    for body in re.findall(r"typedef\s+enum\s*\w*\s*\{(.*?)\}", text, flags=re.S):
+        nxt = 0
+        for item in body.split(","):
+            m = re.match(r"\s*(\w+)(?:\s+CUDNN_DEPRECATED_ENUM)?\s*(?:=\s*(.+))?$", item.strip(), flags=re.S)
+            if not m:
+                continue
+            name, expr = m.group(1), m.group(2)
+            if expr is not None:
+                expr = expr.strip()
+                if re.fullmatch(r"-?(0x[0-9a-fA-F]+|\d+)", expr):
+                    nxt = int(expr, 0)
+                elif all(_term(part, values) is not None for part in expr.strip("()").split("|")):
+                    nxt = 0
+                    for part in expr.strip("()").split("|"):
+                        nxt |= _term(part, values)
+                else:
+                    continue  # a computed value these checks do not use
+            values[name] = nxt
+            nxt += 1
+    return values
 
 
 @pytest.fixture(scope="module")
-def probe():
-    compiler = nvcc()
-    libdirs = [library_dir("libcudnn.so.9", "cudnn"), library_dir("libcublasLt.so.13", "cu13")]
-    if not compiler or None in libdirs:
-        pytest.skip("needs nvcc, cuDNN 9 and cuBLASLt 13 (the CUDA toolkit, or torch's NVIDIA wheels)")
-    digest = hashlib.sha256()
-    for path in sorted(SOURCES + HEADERS):
-        with open(path, "rb") as f:
-            digest.update(f.read())
-    digest.update(repr(libdirs).encode())
-    folder = os.path.join(tempfile.gettempdir(), "gpuaccel-descriptor-probe-" + digest.hexdigest()[:16])
-    lib = os.path.join(folder, "libprobe.so")
-    if not os.path.exists(lib):
-        os.makedirs(folder, exist_ok=True)
-        include = os.path.join(os.path.dirname(os.path.dirname(compiler)), "include")
-        objects = []
-        for src in SOURCES:
-            obj = os.path.join(folder, os.path.basename(src) + ".o")
-            cmd = [compiler, "-c", src, "-o", obj, "-std=c++17", "-O0", "-Xcompiler", "-fPIC",
-                   "-DGA_DESCRIPTOR_PROBE", "-I" + ROOT, "-I" + include]
-            build = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-            assert build.returncode == 0, build.stderr[-4000:]
-            objects.append(obj)
-        tmp = lib + ".%d.tmp" % os.getpid()
-        cmd = [compiler, "-shared", "-o", tmp, *objects, "-l:libcudnn.so.9", "-l:libcublasLt.so.13",
-               "-Xlinker", "-z", "-Xlinker", "defs"]
-        for d in libdirs:
-            cmd += ["-L" + d, "-Xlinker", "-rpath=" + d]
-        link = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        assert link.returncode == 0, link.stderr[-4000:]
-        os.replace(tmp, lib)
-    so = ctypes.CDLL(lib)
-    so.ga_probe_conv_graph.restype = ctypes.c_int
-    so.ga_probe_conv_graph.argtypes = [ctypes.c_int, ctypes.POINTER(Geometry), ctypes.POINTER(Tensor),
-                                       ctypes.POINTER(Tensor), ctypes.POINTER(Tensor), ctypes.c_void_p, ctypes.c_int,
-                                       ctypes.POINTER(Tensor), ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
-    so.ga_probe_matmul.restype = ctypes.c_int
-    so.ga_probe_matmul.argtypes = [ctypes.POINTER(MatmulDesc), ctypes.c_char_p, ctypes.c_int]
-    return so
+def cudnn_enums():
+    return header_enums(os.path.join(INCLUDES[0], "cudnn_graph.h"))
 
 
-def packed(dims, nhwc):
-    """Element strides of a packed NCHW-ordered tensor in the layout."""
+# ----------------------------------------------------------------- cases
+
+DTYPES = ["float16", "bfloat16", "float32", "float64"]
+ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
+IO_TYPE = {"float16": "CUDNN_DATA_HALF", "bfloat16": "CUDNN_DATA_BFLOAT16", "float32": "CUDNN_DATA_FLOAT",
+           "float64": "CUDNN_DATA_DOUBLE"}
+POINTER = {"x": 0x1000000, "w": 0x2000000, "y": 0x3000000, "bias": 0x4000000, "preact": 0x5000000,
+           "ws": 0x6000000}
+WORKSPACE = 1 << 20
+
+# (N, C, H, W, K, R, S, stride, padding, dilation, groups): odd sizes,
+# stride != padding, dilation, groups (depthwise too), a 1x1 filter over a
+# batch of one (size-1 dims, whose strides the graph normalizes)
+GEOMETRIES = [
+    (2, 6, 9, 11, 10, 3, 5, (2, 1), (1, 2), (1, 1), 1),
+    (3, 8, 13, 7, 12, 3, 3, (1, 2), (2, 0), (2, 1), 2),
+    (1, 9, 5, 6, 9, 1, 1, (1, 1), (0, 0), (1, 1), 3),
+    (2, 4, 7, 9, 8, 3, 3, (2, 2), (1, 3), (2, 2), 4),
+]
+
+# (bias, activation, preact): every forward epilogue gpuaccel fuses
+EPILOGUES = [(True, "none", False), (True, "none", True), (False, "relu", False), (True, "relu", False),
+             (True, "relu", True), (False, "relu", True), (False, "gelu", False), (True, "gelu", False),
+             (True, "gelu", True), (False, "gelu", True)]
+
+
+def packed_strides(dims, nhwc):
+    """Element strides of a packed NCHW-ordered tensor stored NCHW or NHWC."""
     n, c, h, w = dims
-    return (h * w * c, 1, w * c, c) if nhwc else (c * h * w, h * w, w, 1)
+    return [c * h * w, 1, w * c, c] if nhwc else [c * h * w, h * w, w, 1]
 
 
-def tensor(dims, dtype, nhwc, address):
-    t = Tensor(data=address, dtype=dtype, ndim=4)
-    for i, (d, s) in enumerate(zip(dims, packed(dims, nhwc))):
-        t.shape[i] = d
-        t.strides[i] = s * ITEMSIZE[dtype]
-    return t
+def out_size(size, k, stride, pad, dil):
+    return (size + 2 * pad - dil * (k - 1) - 1) // stride + 1
 
 
-def out_size(h, r, stride, pad, dil):
-    return (h + 2 * pad - dil * (r - 1) - 1) // stride + 1
+class ConvCase:
+    def __init__(self, name, dtype, layout, op, geometry, bias=False, act="none", preact=False):
+        self.name, self.dtype, self.op = name, dtype, op
+        self.nhwc = layout == "nhwc"
+        n, c, h, w, k, r, s, self.stride, self.padding, self.dilation, self.groups = geometry
+        p = out_size(h, r, self.stride[0], self.padding[0], self.dilation[0])
+        q = out_size(w, s, self.stride[1], self.padding[1], self.dilation[1])
+        self.dims = {"x": [n, c, h, w], "w": [k, c // self.groups, r, s], "y": [n, k, p, q]}
+        self.dims["preact"] = self.dims["y"]
+        self.dims["bias"] = [1, k, 1, 1]
+        self.bias, self.act, self.preact = bias, act, preact
+
+    def line(self):
+        size = ITEMSIZE[self.dtype]
+
+        def spec(role):
+            strides = [s * size for s in packed_strides(self.dims[role], self.nhwc)]
+            return "%s=%#x:%s:%s" % (role, POINTER[role], ",".join(map(str, self.dims[role])),
+                                     ",".join(map(str, strides)))
+
+        words = ["probe=conv", "id=" + self.name, "dtype=" + self.dtype, "op=" + self.op, spec("x"), spec("w"),
+                 spec("y"), "stride=%d,%d" % self.stride, "padding=%d,%d" % self.padding,
+                 "dilation=%d,%d" % self.dilation, "groups=%d" % self.groups, "act=" + self.act,
+                 "ws=%#x" % POINTER["ws"], "ws_size=%d" % WORKSPACE]
+        if self.bias:
+            words.append("bias=%#x" % POINTER["bias"])
+        if self.preact:
+            words.append(spec("preact"))
+        return " ".join(words)
+
+    @property
+    def fused(self):
+        return self.op == "fwd" and (self.bias or self.act != "none")
 
 
-GEOMETRIES = {
-    # name: (N, C, H, W, K, R, S, stride, padding, dilation, groups)
-    "3x3": (2, 8, 11, 9, 16, 3, 3, (1, 1), (1, 1), (1, 1), 1),
-    "strided-dilated-grouped": (3, 8, 13, 17, 12, 3, 5, (2, 1), (0, 2), (1, 2), 4),
-    "1x1": (2, 32, 7, 7, 24, 1, 1, (1, 1), (0, 0), (1, 1), 1),
-}
+def conv_cases():
+    cases = []
+    for di, dtype in enumerate(DTYPES):
+        for li, layout in enumerate(["nchw", "nhwc"]):
+            tag = "%s-%s" % (dtype, layout)
+            for oi, op in enumerate(["fwd", "bwd_data", "bwd_filter"]):
+                geometry = GEOMETRIES[(di + li + oi) % len(GEOMETRIES)]
+                cases.append(ConvCase("%s-%s-g%d" % (tag, op, GEOMETRIES.index(geometry)), dtype, layout, op,
+                                      geometry))
+            for ei, (bias, act, preact) in enumerate(EPILOGUES):
+                geometry = GEOMETRIES[(di + li + ei) % len(GEOMETRIES)]
+                name = "%s-fwd-%s%s%s-g%d" % (tag, "bias-" if bias else "", act, "-preact" if preact else "",
+                                               GEOMETRIES.index(geometry))
+                cases.append(ConvCase(name, dtype, layout, "fwd", geometry, bias, act, preact))
+    return cases
 
 
-def run_probe(so, op, dtype, nhwc, geometry, bias=False, act=NONE, preact=False, fused=False):
-    n, c, h, w, k, r, s, stride, pad, dil, groups = GEOMETRIES[geometry]
-    p, q = out_size(h, r, stride[0], pad[0], dil[0]), out_size(w, s, stride[1], pad[1], dil[1])
-    dims = {"x": (n, c, h, w), "w": (k, c // groups, r, s), "y": (n, k, p, q)}
-    x, wt, y = (tensor(dims[name], dtype, nhwc, address) for name, address in
-                (("x", 0x100000), ("w", 0x200000), ("y", 0x300000)))
-    z = tensor(dims["y"], dtype, nhwc, 0x400000) if preact else Tensor()
-    geom = Geometry()
-    geom.stride[:], geom.padding[:], geom.dilation[:], geom.groups = stride, pad, dil, groups
-    out = ctypes.create_string_buffer(1 << 16)
-    rc = so.ga_probe_conv_graph(op, ctypes.byref(geom), ctypes.byref(x), ctypes.byref(wt), ctypes.byref(y),
-                                0x500000 if bias else None, act, ctypes.byref(z), int(fused), out, len(out))
-    assert rc == 0
-    report = json.loads(out.value.decode())
-    expected = dict(dims=dims, stride=list(stride), pad=list(pad), dil=list(dil))
-    return report, expected
+CONV_CASES = conv_cases()
 
 
-def check_graph(report, expected, dtype, nhwc, op, bias=False, act=NONE, preact=False, fused=False):
-    assert "error" not in report, report.get("error")
-    assert report["eligible"] and report["nhwc"] == nhwc
-    parts = report["parts"]
-    tensors = {t["uid"]: t for t in parts if t["kind"] == "tensor"}
-    real = [UID_X, UID_W, UID_Y]
-    if fused and bias:
-        real.append(UID_BIAS)
-    if fused and preact and act != NONE:
-        real.append(UID_PREACT)
-    assert sorted(uid for uid, t in tensors.items() if not t["virtual"]) == sorted(real)
-    # the variant pack execute_plan builds (UIDs and data pointers of the real tensors) finalizes
-    assert not report["variant_pack_error"], report["variant_pack_error"]
-    assert sorted(report["real_uids"]) == sorted(real)
-    for uid, role in ((UID_X, "x"), (UID_W, "w"), (UID_Y, "y")):
-        t = tensors[uid]
-        assert t["dims"] == list(expected["dims"][role]), (role, t)
-        assert t["strides"] == list(packed(expected["dims"][role], nhwc)), (role, t)
-        assert t["type"] == CUDNN_TYPE[dtype], (role, t)
-    if UID_BIAS in tensors:  # one value per output channel, broadcast over N, H, W
-        assert tensors[UID_BIAS]["dims"] == [1, expected["dims"]["y"][1], 1, 1]
-    if UID_PREACT in tensors:
-        assert tensors[UID_PREACT]["dims"] == list(expected["dims"]["y"])
-    compute = CUDNN_TYPE[FLOAT64] if dtype == FLOAT64 else CUDNN_TYPE[FLOAT32]
-    for t in tensors.values():
-        if t["virtual"]:  # intermediates in the compute type, y's shape
-            assert t["type"] == compute and t["dims"] == list(expected["dims"]["y"]), t
-    convs = [pt for pt in parts if pt["kind"] == "conv"]
-    assert len(convs) == 1
-    conv = convs[0]
-    assert conv["spatial"] == 2 and conv["compute_type"] == compute, conv
-    assert conv["mode"] == "cross_correlation", conv  # what DL frameworks call a convolution
-    assert conv["pre_paddings"] == expected["pad"] and conv["post_paddings"] == expected["pad"]
-    assert conv["strides"] == expected["stride"] and conv["dilations"] == expected["dil"]
-    # cuDNN 9 reads pointwise and operation descriptors back not at all: the chain is checked by its
-    # length (conv, [+ bias], [act]); its modes only by heuristics and, on a GPU, by the results
-    pointwise = int(fused and bias) + int(fused and act != NONE)
-    assert report["operations"] in (1 + pointwise, -1), report["operations"]
-    assert sum(pt["kind"] == "other" for pt in parts) == 1 + 2 * pointwise  # conv op, pointwise desc + op each
+@pytest.fixture(scope="module")
+def conv_replies():
+    if SKIP_REASON:
+        pytest.skip(SKIP_REASON)
+    versions, replies = run_probe([c.line() for c in CONV_CASES])
+    return versions, {r["id"]: r for r in replies}
 
 
-CONFIGS = {}  # variant -> engine configs, reported at the end
+# -------------------------------------------------------------- checking
 
 
-@pytest.mark.parametrize("geometry", list(GEOMETRIES))
-@pytest.mark.parametrize("nhwc", [False, True], ids=["NCHW", "NHWC"])
-@pytest.mark.parametrize("dtype", [FLOAT16, BFLOAT16, FLOAT32, FLOAT64], ids=NAMES.get)
-@pytest.mark.parametrize("op", [FWD, BWD_DATA, BWD_FILTER], ids=["fwd", "bwd_data", "bwd_filter"])
-def test_convolution_graphs_describe_the_intended_math(probe, op, dtype, nhwc, geometry):
-    report, expected = run_probe(probe, op, dtype, nhwc, geometry)
-    check_graph(report, expected, dtype, nhwc, op)
-    CONFIGS["%s %s %s %s" % (["fwd", "bwd_data", "bwd_filter"][op], NAMES[dtype], "NHWC" if nhwc else "NCHW",
-                              geometry)] = report["engine_configs"]
-    # every plain convolution gpuaccel builds has engines (3 to 30 here): none would mean a graph
-    # cuDNN can describe but never run
-    assert report["engine_configs"] > 0, (report["engine_configs"], report["heuristics_error"])
+class Graph:
+    """A graph as the recorded descriptor calls describe it."""
+
+    def __init__(self, reply, enums):
+        self.e = enums
+        self.descs = {d["id"]: d for d in reply["descriptors"]}
+        self.reply = reply
+
+    def attrs(self, desc):
+        return {a["name"]: a for a in desc["attrs"]}
+
+    def value(self, desc, name, type_name, count=None):
+        """The values set for attribute `name`, checked to be set once with
+        cuDNN's documented type (and element count)."""
+        attr_id = self.e[name]
+        found = [a for a in desc["attrs"] if a["name"] == attr_id]
+        assert len(found) == 1, "%s set %d times on descriptor %d" % (name, len(found), desc["id"])
+        a = found[0]
+        assert a["type"] == self.e[type_name], "%s set as type %d, cuDNN wants %s" % (name, a["type"], type_name)
+        if count is not None:
+            assert a["count"] == count, "%s set with %d elements, cuDNN wants %d" % (name, a["count"], count)
+        assert a["status"] == 0, "cuDNN refused %s (status %d)" % (name, a["status"])
+        return a["values"]
+
+    def one(self, desc, name, type_name):
+        return self.value(desc, name, type_name, 1)[0]
+
+    def of_type(self, type_name):
+        return [d for d in self.descs.values() if d["type"] == self.e[type_name]]
+
+    def linked(self, desc, name):
+        return self.descs[self.one(desc, name, "CUDNN_TYPE_BACKEND_DESCRIPTOR")]
 
 
-FUSED = [pytest.param(bias, act, preact, id="%s-%s%s" % ("bias" if bias else "nobias", ["none", "relu", "gelu"][act],
-                                                          "-preact" if preact else ""))
-         for bias in (False, True) for act in (NONE, RELU, GELU) for preact in (False, True)
-         if bias or act != NONE]  # a conv with neither is the plain graph above
-
-
-@pytest.mark.parametrize("bias, act, preact", FUSED)
-@pytest.mark.parametrize("nhwc", [False, True], ids=["NCHW", "NHWC"])
-@pytest.mark.parametrize("dtype", [FLOAT16, BFLOAT16, FLOAT32], ids=NAMES.get)
-def test_fused_forward_graphs_describe_the_intended_math(probe, dtype, nhwc, bias, act, preact):
-    report, expected = run_probe(probe, FWD, dtype, nhwc, "3x3", bias, act, preact, fused=True)
-    check_graph(report, expected, dtype, nhwc, FWD, bias, act, preact, fused=True)
-    CONFIGS["fused %s %s bias=%d act=%s preact=%d" % (NAMES[dtype], "NHWC" if nhwc else "NCHW", bias,
-                                                      ["none", "relu", "gelu"][act], preact)] = \
-        report["engine_configs"]
-    assert report["engine_configs"] >= 0, report["heuristics_error"]
-
-
-def test_report_engine_configs(probe):
-    """Last: heuristics mode A's engine configs per variant (see -s)."""
-    if not CONFIGS:
-        pytest.skip("no variant ran")
-    width = max(map(len, CONFIGS))
-    print("\nengine configs (cuDNN heuristics mode A, device-less):")
-    for name, count in sorted(CONFIGS.items()):
-        print("  %-*s  %d" % (width, name, count))
-
-
-# ------------------------------------------------------------------ cuBLASLt
-
-CUDA_TYPE = {FLOAT16: 2, BFLOAT16: 14, FLOAT32: 0, FLOAT64: 1}  # cudaDataType_t
-OP_N, OP_T = 0, 1
-EPILOGUE = {"default": 1, "relu": 2, "bias": 4, "relu_bias": 6, "gelu": 32, "gelu_bias": 36, "gelu_aux": 160,
-            "gelu_aux_bias": 164, "dgelu": 192, "dgelu_bgrad": 208, "bgradb": 512}  # cublasLtEpilogue_t
-COMPUTE_32F, COMPUTE_32F_FAST_TF32, COMPUTE_64F = 68, 77, 70  # cublasComputeType_t
-
-
-def row_major(data, dtype, rows, cols, batch_stride=0):
-    return Matrix(data=data, dtype=dtype, rows=rows, cols=cols, row_stride=cols, col_stride=1,
-                  batch_stride=batch_stride)
-
-
-def transposed(data, dtype, rows, cols, batch_stride=0):
-    """A rows x cols view of a row-major cols x rows matrix (e.g. weight.T)."""
-    return Matrix(data=data, dtype=dtype, rows=rows, cols=cols, row_stride=1, col_stride=rows,
-                  batch_stride=batch_stride)
-
-
-def matmul_case(dtype, m, k, n, b_transposed=False, batch=1, bias=False, act=NONE, preact=False, dact=NONE,
-                col_sums=False, a_row_sums=False, tf32=False, deterministic=False):
-    d = MatmulDesc(batch=batch, bias_dtype=dtype, activation=act, dact=dact, allow_tf32=int(tf32),
-                   deterministic=int(deterministic), col_sums_dtype=dtype, a_row_sums_dtype=dtype)
-    d.a = row_major(0x100000, dtype, m, k, m * k if batch > 1 else 0)
-    d.b = (transposed if b_transposed else row_major)(0x200000, dtype, k, n, k * n if batch > 1 else 0)
-    d.d = row_major(0x300000, dtype, m, n, m * n if batch > 1 else 0)
-    if bias:
-        d.bias = 0x400000
-    if preact:
-        d.preact = row_major(0x500000, dtype, m, n, m * n if batch > 1 else 0)
-    if dact != NONE:
-        d.dact_aux = row_major(0x600000, dtype, m, n, m * n if batch > 1 else 0)
-    if col_sums:
-        d.col_sums = 0x700000
-    if a_row_sums:
-        d.a_row_sums = 0x800000
-    return d
-
-
-def probe_matmul(so, desc):
-    out = ctypes.create_string_buffer(1 << 14)
-    assert so.ga_probe_matmul(ctypes.byref(desc), out, len(out)) == 0
-    return json.loads(out.value.decode())
-
-
-MATMULS = {
-    # name: (matmul_case kwargs, the epilogue cuBLASLt must be given)
-    "plain": (dict(), "default"),
-    "bias": (dict(bias=True), "bias"),
-    "relu": (dict(act=RELU), "relu"),
-    "relu_bias": (dict(bias=True, act=RELU), "relu_bias"),
-    "gelu_bias": (dict(bias=True, act=GELU), "gelu_bias"),
-    "gelu_aux": (dict(act=GELU, preact=True), "gelu_aux"),
-    "gelu_aux_bias": (dict(bias=True, act=GELU, preact=True), "gelu_aux_bias"),
-    "linear (weight.T)": (dict(b_transposed=True, bias=True, act=GELU), "gelu_bias"),
-    "batched": (dict(batch=3, bias=True), "bias"),
-    "batched gelu_aux": (dict(batch=3, act=GELU, preact=True), "gelu_aux"),
-    "dgelu": (dict(dact=GELU), "dgelu"),
-    "dgelu_bgrad": (dict(dact=GELU, col_sums=True), "dgelu_bgrad"),
-    "bgradb": (dict(a_row_sums=True), "bgradb"),
-}
-
-
-@pytest.mark.parametrize("dtype", [FLOAT16, BFLOAT16, FLOAT32, FLOAT64], ids=NAMES.get)
-@pytest.mark.parametrize("case", list(MATMULS))
-def test_cublaslt_descriptors_describe_the_intended_math(probe, case, dtype):
-    kwargs, epilogue = MATMULS[case]
-    m, k, n = 40, 24, 56  # multiples of 8: every aux/bias alignment cuBLASLt asks for holds
-    batch = kwargs.get("batch", 1)
-    r = probe_matmul(probe, matmul_case(dtype, m, k, n, **kwargs))
-    assert r["fused"] and r["describable"], r
-    assert "error" not in r, r
-    # row-major D = A @ B is column-major D^T = B^T @ A^T: cuBLASLt's A is our B, its B our A, m = N, n = M
-    if kwargs.get("b_transposed"):
-        assert r["transa"] == OP_T and (r["a"]["rows"], r["a"]["cols"], r["a"]["ld"]) == (k, n, k), r["a"]
+def check_tensor(g, t, dims, strides, data_type, virtual):
+    """A tensor descriptor: as set (types and counts as cuDNN documents) and
+    as cuDNN reads it back after finalization."""
+    assert g.value(t, "CUDNN_ATTR_TENSOR_DIMENSIONS", "CUDNN_TYPE_INT64", 4) == dims
+    assert g.value(t, "CUDNN_ATTR_TENSOR_STRIDES", "CUDNN_TYPE_INT64", 4) == strides
+    assert g.one(t, "CUDNN_ATTR_TENSOR_DATA_TYPE", "CUDNN_TYPE_DATA_TYPE") == g.e[data_type]
+    uid = g.one(t, "CUDNN_ATTR_TENSOR_UNIQUE_ID", "CUDNN_TYPE_INT64")
+    assert g.one(t, "CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT", "CUDNN_TYPE_INT64") == 16
+    is_virtual = [a for a in t["attrs"] if a["name"] == g.e["CUDNN_ATTR_TENSOR_IS_VIRTUAL"]]
+    if virtual:
+        assert g.one(t, "CUDNN_ATTR_TENSOR_IS_VIRTUAL", "CUDNN_TYPE_BOOLEAN") is True
     else:
-        assert r["transa"] == OP_N and (r["a"]["rows"], r["a"]["cols"], r["a"]["ld"]) == (n, k, n), r["a"]
-    assert r["transb"] == OP_N and (r["b"]["rows"], r["b"]["cols"], r["b"]["ld"]) == (k, m, k), r["b"]
-    for name in ("c", "d"):
-        assert (r[name]["rows"], r[name]["cols"], r[name]["ld"]) == (n, m, n), r[name]
-        assert r[name]["type"] == CUDA_TYPE[dtype]
-    assert r["a"]["type"] == r["b"]["type"] == CUDA_TYPE[dtype]
-    assert all(r[x]["order"] in (0, "null") for x in "abcd")  # column-major (the default)
-    if batch > 1:
-        assert [r[x]["batch"] for x in "abcd"] == [batch] * 4
-        assert [r[x]["batch_stride"] for x in "abcd"] == [k * n, m * k, m * n, m * n]
-    assert r["epilogue"] == EPILOGUE[epilogue], (r["epilogue"], epilogue)
-    if epilogue in ("bias", "relu_bias", "gelu_bias", "gelu_aux_bias", "dgelu_bgrad", "bgradb"):
-        assert r["bias_type"] == CUDA_TYPE[dtype]
-        pointer = {"dgelu_bgrad": 0x700000, "bgradb": 0x800000}.get(epilogue, 0x400000)
-        assert r["bias_pointer"] == pointer
-    if "aux" in epilogue or epilogue.startswith("dgelu"):
-        assert r["aux_ld"] == n and r["aux_pointer"] == (0x600000 if epilogue.startswith("dgelu") else 0x500000)
-        if batch > 1:
-            assert r["aux_batch_stride"] == m * n
-    assert r["compute"] == (COMPUTE_64F if dtype == FLOAT64 else COMPUTE_32F)
-    assert r["scale_type"] == (CUDA_TYPE[FLOAT64] if dtype == FLOAT64 else CUDA_TYPE[FLOAT32])
+        assert not is_virtual or is_virtual[0]["values"] == [False]
+    back = t["readback"]
+    assert (back["uid"], back["dims"], back["strides"], back["data_type"], back["virtual"]) == (
+        uid, dims, strides, g.e[data_type], virtual), back
+    return uid
 
 
-@pytest.mark.parametrize("tf32", [False, True])
-@pytest.mark.parametrize("deterministic", [False, True])
-def test_cublaslt_compute_type_and_reduction_follow_the_settings(probe, tf32, deterministic):
-    r = probe_matmul(probe, matmul_case(FLOAT32, 16, 16, 16, tf32=tf32, deterministic=deterministic))
-    assert r["compute"] == (COMPUTE_32F_FAST_TF32 if tf32 else COMPUTE_32F)
-    assert r["reduction_scheme_mask"] == (0 if deterministic else 7)  # NONE: no split-K reduction at all
+def check_conv_graph(case, g, fused):
+    e = g.e
+    comp = "CUDNN_DATA_DOUBLE" if case.dtype == "float64" else "CUDNN_DATA_FLOAT"
+    io = IO_TYPE[case.dtype]
+    for d in g.descs.values():
+        assert d["finalized"] == 0, "descriptor %d (type %d) did not finalize" % (d["id"], d["type"])
+        assert all(a["status"] == 0 for a in d["attrs"]), d
+    op_graphs = g.of_type("CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR")
+    assert [d["id"] for d in op_graphs] == [g.reply["op_graph"]]
+    ops = [g.descs[i] for i in g.value(op_graphs[0], "CUDNN_ATTR_OPERATIONGRAPH_OPS",
+                                       "CUDNN_TYPE_BACKEND_DESCRIPTOR")]
+    expected_ops = 1 + (fused and case.bias) + (fused and case.act != "none")
+    assert len(ops) == expected_ops
+
+    # the convolution itself
+    conv_op = ops[0]
+    prefix, roles = {
+        "fwd": ("CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_", ("X", "W", "Y")),
+        "bwd_data": ("CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_", ("DX", "W", "DY")),
+        "bwd_filter": ("CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_", ("X", "DW", "DY")),
+    }[case.op]
+    op_type = {"fwd": "CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR",
+               "bwd_data": "CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR",
+               "bwd_filter": "CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR"}[case.op]
+    assert conv_op["type"] == e[op_type]
+    scalar = "CUDNN_TYPE_DOUBLE" if case.dtype == "float64" else "CUDNN_TYPE_FLOAT"
+    assert g.one(conv_op, prefix + "ALPHA", scalar) == 1
+    assert g.one(conv_op, prefix + "BETA", scalar) == 0
+    conv = g.linked(conv_op, prefix + "CONV_DESC")
+    assert conv["type"] == e["CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR"]
+    geometry = {"CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES": list(case.stride),
+                "CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS": list(case.padding),
+                "CUDNN_ATTR_CONVOLUTION_POST_PADDINGS": list(case.padding),
+                "CUDNN_ATTR_CONVOLUTION_DILATIONS": list(case.dilation)}
+    for name, want in geometry.items():
+        assert g.value(conv, name, "CUDNN_TYPE_INT64", 2) == want, name
+    assert g.one(conv, "CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS", "CUDNN_TYPE_INT64") == 2
+    assert g.one(conv, "CUDNN_ATTR_CONVOLUTION_COMP_TYPE", "CUDNN_TYPE_DATA_TYPE") == e[comp]
+    assert g.one(conv, "CUDNN_ATTR_CONVOLUTION_CONV_MODE", "CUDNN_TYPE_CONVOLUTION_MODE") == \
+        e["CUDNN_CROSS_CORRELATION"]
+    back = conv["readback"]
+    assert back["comp_type"] == e[comp] and back["spatial_dims"] == [2]
+    assert back["filter_strides"] == list(case.stride) and back["dilations"] == list(case.dilation)
+    assert back["pre_paddings"] == list(case.padding) and back["post_paddings"] == list(case.padding)
+
+    pointer_of = {}  # uid -> the pointer the variant pack must pair it with
+
+    def real(role, desc):
+        uid = check_tensor(g, desc, case.dims[role], packed_strides(case.dims[role], case.nhwc), io, False)
+        assert uid not in pointer_of, "uid %d names two tensors" % uid
+        pointer_of[uid] = POINTER[role]
+
+    def virtual(desc):
+        check_tensor(g, desc, case.dims["y"], packed_strides(case.dims["y"], case.nhwc), comp, True)
+
+    x, w, y = (g.linked(conv_op, prefix + r) for r in roles)
+    real("x", x)
+    real("w", w)
+    if not fused:
+        real("y", y)
+    else:
+        # conv -> c [-> c + bias -> z] [-> act(z) -> y]; the activation's
+        # input is the real preact tensor when it is saved
+        chain = [y]
+        pointwise = ops[1:]
+        for op in pointwise:
+            assert op["type"] == e["CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR"]
+            assert g.linked(op, "CUDNN_ATTR_OPERATION_POINTWISE_XDESC")["id"] == chain[-1]["id"], \
+                "the pointwise chain is broken"
+            assert g.one(op, "CUDNN_ATTR_OPERATION_POINTWISE_ALPHA1", "CUDNN_TYPE_FLOAT") == 1
+            assert g.one(op, "CUDNN_ATTR_OPERATION_POINTWISE_ALPHA2", "CUDNN_TYPE_FLOAT") == 1
+            chain.append(g.linked(op, "CUDNN_ATTR_OPERATION_POINTWISE_YDESC"))
+        modes = []
+        for op in pointwise:
+            pw = g.linked(op, "CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR")
+            modes.append(g.one(pw, "CUDNN_ATTR_POINTWISE_MODE", "CUDNN_TYPE_POINTWISE_MODE"))
+            assert g.one(pw, "CUDNN_ATTR_POINTWISE_MATH_PREC", "CUDNN_TYPE_DATA_TYPE") == e[comp]
+        want_modes = (["CUDNN_POINTWISE_ADD"] if case.bias else []) + (
+            [{"relu": "CUDNN_POINTWISE_RELU_FWD", "gelu": "CUDNN_POINTWISE_GELU_APPROX_TANH_FWD"}[case.act]]
+            if case.act != "none" else [])
+        assert modes == [e[m] for m in want_modes]
+        if case.bias:
+            add = pointwise[0]
+            real("bias", g.linked(add, "CUDNN_ATTR_OPERATION_POINTWISE_BDESC"))
+        for op in pointwise[len(pointwise) - (case.act != "none"):]:
+            assert not any(a["name"] == e["CUDNN_ATTR_OPERATION_POINTWISE_BDESC"] for a in op["attrs"])
+        real("y", chain[-1])
+        saved = case.preact and case.act != "none"
+        act_input = chain[-2] if case.act != "none" else None
+        for t in chain[:-1]:
+            if saved and t is act_input:
+                real("preact", t)
+            else:
+                virtual(t)
+
+    # the variant pack: every real tensor once, with its own pointer
+    pack = g.reply["variant_pack"]
+    assert pack["status"] is None, pack
+    (vp,) = pack["descriptors"]
+    assert vp["finalized"] == 0
+    uids = g.value(vp, "CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS", "CUDNN_TYPE_INT64")
+    pointers = g.value(vp, "CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS", "CUDNN_TYPE_VOID_PTR", len(uids))
+    assert sorted(uids) == sorted(pointer_of), "the variant pack's ids are not the graph's real tensors"
+    assert dict(zip(uids, pointers)) == pointer_of, "the variant pack pairs an id with another tensor's data"
+    assert g.value(vp, "CUDNN_ATTR_VARIANT_PACK_WORKSPACE", "CUDNN_TYPE_VOID_PTR", 1) == [POINTER["ws"]]
 
 
-def test_cublaslt_refuses_what_it_cannot_describe(probe):
-    # a column-strided operand (no unit stride): the unfused path's generic kernel takes it
-    d = matmul_case(FLOAT32, 8, 8, 8)
-    d.a.col_stride, d.a.row_stride = 2, 16
-    assert probe_matmul(probe, d)["describable"] is False
-    # an aux (pre-activation) leading dimension that is not a multiple of 8: GELU_AUX cannot take it
-    d = matmul_case(FLOAT16, 8, 8, 12, act=GELU, preact=True)
-    assert probe_matmul(probe, d)["describable"] is False
+def engine_report(versions, rows):
+    lines = ["", "cuDNN %d (built against %d), heuristics mode A with no GPU: engine configs offered per graph"
+             % (versions["cudnn"], versions["cudnn_built"])]
+    for name, kind, heur in rows:
+        lines.append("  %-52s %-6s %s" % (name, kind, heur.get("offered", heur)))
+    return "\n".join(lines)
+
+
+@pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
+def test_conv_graphs_describe_the_convolution(conv_replies, cudnn_enums, capsys):
+    versions, replies = conv_replies
+    rows, failures = [], []
+    for case in CONV_CASES:
+        reply = replies[case.name]
+        assert reply["eligible"] and reply["nhwc"] == case.nhwc, (case.name, reply)
+        assert reply["has_epilogue"] == case.fused
+        kinds = [g["kind"] for g in reply["graphs"]]
+        assert kinds == (["conv", "fused"] if case.fused else ["conv"]), case.name
+        for graph in reply["graphs"]:
+            if graph["status"] is not None:
+                failures.append("%s %s graph: %s" % (case.name, graph["kind"], graph["status"]))
+                continue
+            try:
+                check_conv_graph(case, Graph(graph, cudnn_enums), graph["kind"] == "fused")
+            except AssertionError as err:
+                failures.append("%s %s graph: %s" % (case.name, graph["kind"], err))
+            rows.append((case.name, graph["kind"], graph["heuristics_a"]))
+    with capsys.disabled():
+        print(engine_report(versions, rows))
+    assert not failures, "\n".join(failures[:20]) + ("\n... %d in all" % len(failures))
+    # a conv-only graph that no engine takes is a wrong graph: cuDNN has
+    # engines for every plain convolution gpuaccel asks for
+    empty = [(name, heur) for name, kind, heur in rows if kind == "conv" and not heur.get("offered")]
+    assert not empty, empty
+
+
+@pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
+def test_cudnn_failure_reported_with_its_own_text():
+    """cuDNN's last-error string outlives the call that wrote it (a failure
+    nobody read, the warnings of a successful heuristics query): a failure
+    in conv.cu is reported with the text of that failure, read right after
+    it, and leaves no text behind for the next one."""
+    _, (reply,) = run_probe(["probe=cudnn_last_error id=stale"])
+    st = reply["status"]
+    assert st is not None and st["call"] == "cudnnBackendFinalize(conv.get())", st
+    assert "nullptr == handle" not in st["message"], "a failure was reported with an earlier call's text"
+    assert st["message"] and st["message"] != "cuDNN rejected this graph", "cuDNN's own reason was dropped"
+    assert reply["left"] == ""
+
+
+# ---------------------------------------------------------------- matmul
+
+
+@pytest.fixture(scope="module")
+def lt_enums():
+    values = {}
+    for header in ("cublasLt.h", "cublas_api.h", "library_types.h"):
+        values.update(header_enums(os.path.join(INCLUDES[1], header)))
+    return values
+
+
+LT_TYPE = {"float16": "CUDA_R_16F", "bfloat16": "CUDA_R_16BF", "float32": "CUDA_R_32F", "float64": "CUDA_R_64F"}
+M, K, N = 37, 29, 23  # odd, not multiples of any tile
+
+
+class MatmulCase:
+    """D[b] = epilogue(A[b] @ B[b]); A (M x K) and B (K x N) row-major or
+    transposed views; leading dimensions padded to multiples of 8 (cuBLASLt
+    wants that of an aux matrix)."""
+
+    def __init__(self, name, dtype, epilogue, a_t=False, b_t=False, batch=1, **extra):
+        self.name, self.dtype, self.want, self.batch, self.extra = name, dtype, epilogue, batch, extra
+        self.a_t, self.b_t = a_t, b_t
+        ld = lambda n: (n + 7) // 8 * 8  # noqa: E731
+        self.mats = {}
+        # (rows, cols, row_stride, col_stride): a transposed view has row_stride 1
+        self.mats["a"] = (M, K, 1, ld(M)) if a_t else (M, K, ld(K), 1)
+        self.mats["b"] = (K, N, 1, ld(K)) if b_t else (K, N, ld(N), 1)
+        self.mats["d"] = (M, N, ld(N), 1)
+        for aux in ("preact", "dact_aux"):
+            if aux in extra:
+                self.mats[aux] = (M, N, ld(N) + 8, 1)
+        self.batch_stride = {k: (ld(max(r, c)) * ld(max(r, c)) if batch > 1 else 0) for k, (r, c, _, _) in
+                             self.mats.items()}
+
+    def line(self):
+        words = ["probe=matmul", "id=" + self.name, "batch=%d" % self.batch, "ws_size=%d" % WORKSPACE]
+        for key, (r, c, rs, cs) in self.mats.items():
+            words.append("%s=%#x:%s:%d,%d:%d,%d,%d" % (key, POINTER_MM[key], self.dtype, r, c, rs, cs,
+                                                       self.batch_stride[key]))
+        for key, value in self.extra.items():
+            if key in ("preact", "dact_aux"):
+                continue
+            words.append("%s=%s" % (key, "%#x" % POINTER_MM[key] if key in POINTER_MM else value))
+        return " ".join(words)
+
+
+POINTER_MM = {"a": 0x1000000, "b": 0x2000000, "d": 0x3000000, "bias": 0x4000000, "preact": 0x5000000,
+              "dact_aux": 0x6000000, "col_sums": 0x7000000, "a_row_sums": 0x8000000}
+
+
+def matmul_cases():
+    cases = []
+    for dtype in DTYPES:
+        for a_t, b_t in [(False, False), (True, False), (False, True), (True, True)]:
+            tag = "%s-%s%s" % (dtype, "at" if a_t else "a", "bt" if b_t else "b")
+            cases.append(MatmulCase(tag + "-default", dtype, "CUBLASLT_EPILOGUE_DEFAULT", a_t, b_t))
+            cases.append(MatmulCase(tag + "-bias", dtype, "CUBLASLT_EPILOGUE_BIAS", a_t, b_t, bias=1))
+            cases.append(MatmulCase(tag + "-relu-bias", dtype, "CUBLASLT_EPILOGUE_RELU_BIAS", a_t, b_t, bias=1,
+                                    act="relu"))
+            cases.append(MatmulCase(tag + "-gelu-bias", dtype, "CUBLASLT_EPILOGUE_GELU_BIAS", a_t, b_t, bias=1,
+                                    act="gelu"))
+            cases.append(MatmulCase(tag + "-gelu-aux", dtype, "CUBLASLT_EPILOGUE_GELU_AUX", a_t, b_t,
+                                    act="gelu", preact=1))
+            cases.append(MatmulCase(tag + "-gelu-aux-bias", dtype, "CUBLASLT_EPILOGUE_GELU_AUX_BIAS", a_t, b_t,
+                                    bias=1, act="gelu", preact=1))
+            cases.append(MatmulCase(tag + "-dgelu-bgrad", dtype, "CUBLASLT_EPILOGUE_DGELU_BGRAD", a_t, b_t,
+                                    dact="gelu", dact_aux=1, col_sums=1))
+            cases.append(MatmulCase(tag + "-bgradb", dtype, "CUBLASLT_EPILOGUE_BGRADB", a_t, b_t, a_row_sums=1))
+            for want, extra in [("CUBLASLT_EPILOGUE_BIAS", {"bias": 1}),
+                                ("CUBLASLT_EPILOGUE_GELU_AUX_BIAS", {"bias": 1, "act": "gelu", "preact": 1})]:
+                cases.append(MatmulCase(tag + "-batch3-" + want.split("EPILOGUE_")[1].lower(), dtype, want, a_t,
+                                        b_t, batch=3, **extra))
+    return cases
+
+
+MATMUL_CASES = matmul_cases()
+
+
+def check_matmul(case, reply, e):
+    assert reply["fused"] == (case.want != "CUBLASLT_EPILOGUE_DEFAULT") or case.want == "CUBLASLT_EPILOGUE_DEFAULT"
+    call = reply["fused_call"] if reply["fused"] else reply["plain_call"]
+    assert reply.get("epilogue", e["CUBLASLT_EPILOGUE_DEFAULT"]) == e[case.want]
+    assert call["described"], "matmul.cu cannot describe the call to cuBLASLt"
+    # every layout and preference attribute accepted: only the heuristic,
+    # which needs a device, may fail
+    st = call["plan_status"]
+    assert st is None or st["call"] == "cublasLtMatmulAlgoGetHeuristic", st
+    assert call["desc_status"] is None, call["desc_status"]
+    t = e[LT_TYPE[case.dtype]]
+    # row-major D = A @ B is column-major D^T = B^T @ A^T: cuBLASLt's A is
+    # our B, its B our A, m = N, n = M, k = K
+    a, b, d = call["a"], call["b"], call["d"]
+    desc = call["desc"]
+    op_n, op_t = e["CUBLAS_OP_N"], e["CUBLAS_OP_T"]
+    assert desc["transa"] == (op_t if case.b_t else op_n) and desc["transb"] == (op_t if case.a_t else op_n)
+    op_a = (a["cols"], a["rows"]) if case.b_t else (a["rows"], a["cols"])
+    op_b = (b["cols"], b["rows"]) if case.a_t else (b["rows"], b["cols"])
+    assert op_a == (N, K) and op_b == (K, M), (op_a, op_b)
+    assert (d["rows"], d["cols"]) == (N, M) and call["c"] == d
+    assert a["ld"] == (case.mats["b"][3] if case.b_t else case.mats["b"][2])
+    assert b["ld"] == (case.mats["a"][3] if case.a_t else case.mats["a"][2])
+    assert d["ld"] == case.mats["d"][2]
+    assert a["type"] == b["type"] == d["type"] == t
+    assert all(x["order"] == e["CUBLASLT_ORDER_COL"] for x in (a, b, d))
+    assert [a["batch_count"], b["batch_count"], d["batch_count"]] == [case.batch] * 3
+    if case.batch > 1:
+        assert [a["batch_offset"], b["batch_offset"], d["batch_offset"]] == [
+            case.batch_stride["b"], case.batch_stride["a"], case.batch_stride["d"]]
+    compute = "CUBLAS_COMPUTE_64F" if case.dtype == "float64" else "CUBLAS_COMPUTE_32F"
+    assert desc["compute_type"] == e[compute]
+    assert desc["scale_type"] == e["CUDA_R_64F" if case.dtype == "float64" else "CUDA_R_32F"]
+    assert desc["epilogue"] == e[case.want]
+    bias_source = {"CUBLASLT_EPILOGUE_DGELU_BGRAD": "col_sums", "CUBLASLT_EPILOGUE_BGRADB": "a_row_sums"}.get(
+        case.want, "bias" if "BIAS" in case.want else None)
+    if bias_source:
+        assert desc["bias_pointer"] == POINTER_MM[bias_source]
+        assert desc["bias_data_type"] == t  # the cases give D's dtype
+    aux = "preact" if "AUX" in case.want else "dact_aux" if "DGELU" in case.want else None
+    if aux:
+        assert desc["aux_pointer"] == POINTER_MM[aux]
+        assert desc["aux_ld"] == case.mats[aux][2]
+        if case.batch > 1:
+            assert desc["aux_batch_stride"] == case.batch_stride[aux]
+
+
+@pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
+def test_matmul_descriptors_describe_the_gemm(lt_enums):
+    versions, replies = run_probe([c.line() for c in MATMUL_CASES])
+    failures = []
+    for case, reply in zip(MATMUL_CASES, replies):
+        try:
+            check_matmul(case, reply, lt_enums)
+        except AssertionError as err:
+            failures.append("%s: %s" % (case.name, err))
+    assert not failures, "\n".join(failures[:20]) + ("\n... %d in all" % len(failures))

@@ -59,16 +59,33 @@ static inline ga_status ga_cublas_error(cublasStatus_t status, const char *call,
 #endif
 
 #ifdef CUDNN_MAJOR
-/* cuDNN explains most failures in its last-error string: keep it (per
- * thread) so the Python exception can show it. */
+/* cuDNN explains most failures in its last-error string, but the string is
+ * per thread, it keeps text from earlier calls — successful ones leave
+ * warnings there too (heuristics, plan finalization) — and reading it
+ * clears it.  So it is cleared before each call whose failure is reported,
+ * and read right after that call fails: the text is then that call's own. */
+static inline void ga_cudnn_discard_last_error(void)
+{
+    char stale[1];
+    cudnnGetLastErrorString(stale, sizeof stale);
+}
+
+/* The failing call's explanation (empty when it gave none), in a per-thread
+ * buffer that the next failure overwrites. */
+static inline const char *ga_cudnn_last_error_text(void)
+{
+    static thread_local char detail[512];
+    detail[0] = '\0';
+    cudnnGetLastErrorString(detail, sizeof detail);
+    return detail;
+}
+
 static inline ga_status ga_cudnn_error(cudnnStatus_t status, const char *call, const char *file,
                                        int line)
 {
-    static thread_local char detail[512];
     if (status == CUDNN_STATUS_SUCCESS)
         return ga_ok();
-    detail[0] = '\0';
-    cudnnGetLastErrorString(detail, sizeof detail);
+    const char *detail = ga_cudnn_last_error_text();
     const char *message = detail[0] ? detail : cudnnGetErrorString(status);
     ga_error kind = status == CUDNN_STATUS_INTERNAL_ERROR_HOST_ALLOCATION_FAILED ||
                             status == CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED
@@ -80,6 +97,7 @@ static inline ga_status ga_cudnn_error(cudnnStatus_t status, const char *call, c
 
 #define GA_CUDNN_TRY(call)                                               \
     do {                                                                 \
+        ga_cudnn_discard_last_error();                                   \
         cudnnStatus_t ga_cudnn_ = (call);                                \
         if (ga_cudnn_ != CUDNN_STATUS_SUCCESS)                           \
             return ga_cudnn_error(ga_cudnn_, #call, __FILE__, __LINE__); \

@@ -173,12 +173,9 @@ ga_status finalize_status(cudnnStatus_t s, const char *call, const char *file, i
     if (s == CUDNN_STATUS_SUCCESS)
         return ga_ok();
     if (soft_failure(s)) {
-        /* cuDNN's own words, read right after the failing call (the text
-         * outlives later successful calls, so it is never read otherwise) */
-        static thread_local char detail[512];
-        detail[0] = '\0';
-        cudnnGetLastErrorString(detail, sizeof detail);
         (void)cudaGetLastError(); /* a failed module load must not be blamed on a later launch */
+        /* cuDNN's reason, read (and so cleared) right after the failure */
+        const char *detail = ga_cudnn_last_error_text();
         return ga_status_make(GA_ERR_NOT_SUPPORTED, (int)s, cudnnGetErrorString(s),
                               detail[0] ? detail : "cuDNN rejected this graph", call, file, line);
     }
@@ -190,9 +187,12 @@ ga_status finalize_status(cudnnStatus_t s, const char *call, const char *file, i
  * supported", which selects the next route. */
 #define GA_SET(desc, name, type, count, values) \
     GA_CUDNN_TRY(cudnnBackendSetAttribute((desc), (name), (type), (count), (values)))
-#define GA_FINALIZE(desc)                                                                        \
-    GA_TRY_STATUS(finalize_status(cudnnBackendFinalize(desc), "cudnnBackendFinalize(" #desc ")", \
-                                  __FILE__, __LINE__))
+#define GA_FINALIZE(desc)                                                                      \
+    do {                                                                                       \
+        ga_cudnn_discard_last_error();                                                         \
+        GA_TRY_STATUS(finalize_status(cudnnBackendFinalize(desc),                              \
+                                      "cudnnBackendFinalize(" #desc ")", __FILE__, __LINE__)); \
+    } while (0)
 
 /* ================================================================ handles */
 
@@ -670,8 +670,9 @@ ga_status build_graph(cudnnHandle_t handle, const Problem &p, GraphKind kind,
     GA_TRY_STATUS(make_desc(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, &g->op_graph));
     GA_SET(g->op_graph.get(), CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
            (int64_t)ops.size(), ops.data());
-    /* optional since cuDNN 9.8 (deprecated there), required before; none
-     * in the device-less descriptor probe (GA_DESCRIPTOR_PROBE, below) */
+    /* optional since cuDNN 9.8 (deprecated there), required before; the
+     * descriptor test (tests/test_cuda_descriptors.py) builds graphs with
+     * no handle, since without a GPU cudnnCreate fails */
     if (handle)
         GA_SET(g->op_graph.get(), CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
     GA_FINALIZE(g->op_graph.get());
@@ -759,6 +760,7 @@ ga_status heuristic_plans(cudnnHandle_t handle, const std::shared_ptr<Graph> &g,
     GA_SET(heur.get(), CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
            &og);
     GA_SET(heur.get(), CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
+    ga_cudnn_discard_last_error();
     ga_status st = finalize_status(cudnnBackendFinalize(heur.get()), "cudnnBackendFinalize(heur)",
                                    __FILE__, __LINE__);
     if (is_unsupported(st))
@@ -1453,213 +1455,3 @@ extern "C" ga_status ga_cuda_conv2d_backward_filter(int device, const ga_conv_ge
     return run_op(device, GA_CONV_BWD_FILTER, geom, x, dw, dy, nullptr, GA_ACT_NONE, nullptr,
                   workspace, workspace_size, stream, tuning);
 }
-
-#ifdef GA_DESCRIPTOR_PROBE
-/* ======================================================= descriptor probe
- *
- * Test-only (tests/test_cuda_descriptors.py compiles this file with
- * GA_DESCRIPTOR_PROBE into a library of its own; the extension never has
- * it): builds the cuDNN graph of a problem with the code above, as run()
- * would, but without a device — no handle — reads every finalized
- * descriptor back, finalizes the variant pack, and asks heuristics mode A
- * for engine configs.  The report is JSON, written into `out`. */
-
-namespace
-{
-
-struct Json {
-    std::string s;
-    void key(const char *k)
-    {
-        if (!s.empty() && s.back() != '{' && s.back() != '[')
-            s += ',';
-        s += '"';
-        s += k;
-        s += "\":";
-    }
-    void ints(const int64_t *v, int64_t n)
-    {
-        s += '[';
-        for (int64_t i = 0; i < n; i++)
-            s += (i ? "," : "") + std::to_string(v[i]);
-        s += ']';
-    }
-};
-
-int64_t get_i64(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name, int64_t *v,
-                int64_t cap)
-{
-    int64_t n = 0;
-    if (cudnnBackendGetAttribute(d, name, CUDNN_TYPE_INT64, cap, &n, v) != CUDNN_STATUS_SUCCESS)
-        return -1;
-    return n;
-}
-
-template <typename T>
-bool get_one(cudnnBackendDescriptor_t d, cudnnBackendAttributeName_t name,
-             cudnnBackendAttributeType_t type, T *v)
-{
-    int64_t n = 0;
-    return cudnnBackendGetAttribute(d, name, type, 1, &n, v) == CUDNN_STATUS_SUCCESS && n == 1;
-}
-
-/* One part of the graph, by what it answers to. */
-void describe_part(Json &j, cudnnBackendDescriptor_t d)
-{
-    int64_t v[8], n;
-    cudnnDataType_t type;
-    if (get_i64(d, CUDNN_ATTR_TENSOR_UNIQUE_ID, v, 1) == 1) {
-        int64_t uid = v[0];
-        bool virt = false;
-        get_one(d, CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, &virt);
-        get_one(d, CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, &type);
-        j.s += "{\"kind\":\"tensor\"";
-        j.key("uid");
-        j.s += std::to_string(uid);
-        j.key("virtual");
-        j.s += virt ? "true" : "false";
-        j.key("type");
-        j.s += std::to_string((int)type);
-        j.key("dims");
-        n = get_i64(d, CUDNN_ATTR_TENSOR_DIMENSIONS, v, 8);
-        j.ints(v, n);
-        j.key("strides");
-        n = get_i64(d, CUDNN_ATTR_TENSOR_STRIDES, v, 8);
-        j.ints(v, n);
-        j.key("alignment");
-        n = get_i64(d, CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, v, 1);
-        j.ints(v, n);
-        j.s += '}';
-    } else if (get_i64(d, CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, v, 1) == 1) {
-        cudnnConvolutionMode_t mode = CUDNN_CONVOLUTION;
-        type = CUDNN_DATA_INT8;
-        get_one(d, CUDNN_ATTR_CONVOLUTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, &type);
-        /* cuDNN 9's getter checks this attribute against CUDNN_TYPE_DATA_TYPE
-         * (its setter takes CUDNN_TYPE_CONVOLUTION_MODE): ask both ways */
-        bool mode_read =
-            get_one(d, CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_CONVOLUTION_MODE, &mode) ||
-            get_one(d, CUDNN_ATTR_CONVOLUTION_CONV_MODE, CUDNN_TYPE_DATA_TYPE, &mode);
-        j.s += "{\"kind\":\"conv\"";
-        j.key("spatial");
-        j.s += std::to_string(v[0]);
-        j.key("compute_type");
-        j.s += std::to_string((int)type);
-        j.key("mode");
-        j.s += !mode_read                        ? "\"unreadable\""
-               : mode == CUDNN_CROSS_CORRELATION ? "\"cross_correlation\""
-                                                 : "\"convolution\"";
-        const std::pair<const char *, cudnnBackendAttributeName_t> lists[] = {
-            {"pre_paddings", CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS},
-            {"post_paddings", CUDNN_ATTR_CONVOLUTION_POST_PADDINGS},
-            {"strides", CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES},
-            {"dilations", CUDNN_ATTR_CONVOLUTION_DILATIONS}};
-        for (const auto &l : lists) {
-            j.key(l.first);
-            n = get_i64(d, l.second, v, 8);
-            j.ints(v, n);
-        }
-        j.s += '}';
-    } else {
-        /* cuDNN 9 reads no attribute of pointwise and operation descriptors
-         * back (NOT_SUPPORTED): they are counted, and finalized above */
-        j.s += "{\"kind\":\"other\"}";
-    }
-}
-
-int64_t heuristic_configs(cudnnBackendDescriptor_t graph, std::string *why)
-{
-    cudnnBackendDescriptor_t heur = nullptr;
-    if (cudnnBackendCreateDescriptor(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, &heur))
-        return -1;
-    cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
-    int64_t count = -1;
-    if (cudnnBackendSetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH,
-                                 CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &graph) == 0 &&
-        cudnnBackendSetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1,
-                                 &mode) == 0) {
-        cudnnStatus_t st = cudnnBackendFinalize(heur);
-        if (st == CUDNN_STATUS_SUCCESS)
-            cudnnBackendGetAttribute(heur, CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                     CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr);
-        else {
-            char message[512] = "";
-            cudnnGetLastErrorString(message, sizeof message);
-            *why = std::string(cudnnGetErrorString(st)) + ": " + message;
-        }
-    }
-    cudnnBackendDestroyDescriptor(heur);
-    return count;
-}
-
-std::string escaped(const std::string &text)
-{
-    std::string out;
-    for (char c : text)
-        out += c == '"' || c == '\\' ? std::string("\\") + c
-                                     : (c < ' ' ? std::string(" ") : std::string(1, c));
-    return out;
-}
-
-} // namespace
-
-extern "C" int ga_probe_conv_graph(int op, const ga_conv_geometry *geom, const ga_tensor *x,
-                                   const ga_tensor *w, const ga_tensor *y, const void *bias,
-                                   int activation, const ga_tensor *preact, int fused, char *out,
-                                   int out_size)
-{
-    Problem p;
-    init_problem(&p, (GaConvOp)op, geom, x, w, y, bias, (ga_activation)activation, preact, nullptr,
-                 0);
-    Json j;
-    j.s = "{";
-    j.key("eligible");
-    j.s += p.eligible ? "true" : "false";
-    j.key("nhwc");
-    j.s += p.nhwc ? "true" : "false";
-    std::shared_ptr<Graph> g;
-    ga_status st = build_graph(nullptr, p, fused ? GRAPH_FUSED : GRAPH_CONV, &g);
-    if (st.error) {
-        j.key("error");
-        j.s +=
-            "\"" +
-            escaped(std::string(st.call ? st.call : "") + ": " + (st.message ? st.message : "")) +
-            "\"";
-    } else {
-        j.key("parts");
-        j.s += '[';
-        for (size_t i = 0; i < g->parts.size(); i++) {
-            if (i)
-                j.s += ',';
-            describe_part(j, g->parts[i].get());
-        }
-        j.s += ']';
-        int64_t ops = -1;
-        cudnnBackendGetAttribute(g->op_graph.get(), CUDNN_ATTR_OPERATIONGRAPH_OPS,
-                                 CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &ops, nullptr);
-        j.key("operations");
-        j.s += std::to_string(ops);
-        j.key("real_uids");
-        j.ints(g->uids.data(), (int64_t)g->uids.size());
-        /* the pack as execute_plan builds it (its UIDs are not readable back:
-         * a finalized pack with them is the check) */
-        Desc pack;
-        ga_status ps = make_variant_pack(*g, p, &pack);
-        j.key("variant_pack_error");
-        j.s += "\"" +
-               escaped(ps.error ? std::string(ps.call ? ps.call : "") + ": " +
-                                      (ps.message ? ps.message : "")
-                                : std::string()) +
-               "\"";
-        std::string why;
-        j.key("engine_configs");
-        j.s += std::to_string(heuristic_configs(g->op_graph.get(), &why));
-        j.key("heuristics_error");
-        j.s += "\"" + escaped(why) + "\"";
-    }
-    j.s += '}';
-    if ((int)j.s.size() >= out_size)
-        return -1;
-    memcpy(out, j.s.c_str(), j.s.size() + 1);
-    return 0;
-}
-#endif
