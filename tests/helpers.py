@@ -4,6 +4,7 @@ and resource checks, child interpreters."""
 import ctypes
 import gc
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -426,6 +427,23 @@ def native_threads():
 
 def open_fds():
     return len(os.listdir("/proc/self/fd"))
+
+
+# ---------------------------------------------------------------- the CUDA toolkit
+
+def cuda_include_dir(*headers):
+    """The CUDA toolkit's include folder that holds every one of `headers`
+    (CUDA_HOME, CUDA_PATH, nvcc's, /usr/local/cuda), or None."""
+    homes = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        homes.append(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))))
+    homes.append("/usr/local/cuda")
+    for home in filter(None, homes):
+        inc = os.path.join(home, "include")
+        if all(os.path.exists(os.path.join(inc, h)) for h in headers):
+            return inc
+    return None
 
 
 # ---------------------------------------------------------------- child interpreters

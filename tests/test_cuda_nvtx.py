@@ -15,7 +15,7 @@ import textwrap
 
 import pytest
 
-from helpers import run_python
+from helpers import cuda_include_dir, run_python
 
 pytestmark = pytest.mark.cuda
 
@@ -90,22 +90,9 @@ ga.synchronize()
 """
 
 
-def nvtx_include_dir():
-    homes = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
-    nvcc = shutil.which("nvcc")
-    if nvcc:
-        homes.append(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))))
-    homes.append("/usr/local/cuda")
-    for home in filter(None, homes):
-        inc = os.path.join(home, "include")
-        if os.path.exists(os.path.join(inc, "nvtx3", "nvToolsExt.h")):
-            return inc
-    return None
-
-
 @pytest.fixture(scope="module")
 def injection(tmp_path_factory):
-    cc, include = shutil.which("gcc") or shutil.which("cc"), nvtx_include_dir()
+    cc, include = shutil.which("gcc") or shutil.which("cc"), cuda_include_dir(os.path.join("nvtx3", "nvToolsExt.h"))
     if not cc or not include:
         pytest.skip("needs a C compiler and the CUDA toolkit's nvtx3 headers (CUDA_HOME) to build the recorder")
     folder = tmp_path_factory.mktemp("nvtx")

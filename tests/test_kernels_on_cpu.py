@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from helpers import TOLERANCE, numpy_dtype, seed_for
+from helpers import TOLERANCE, cuda_include_dir, numpy_dtype, seed_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCHEDULES = ["forward", "reverse", "random:1"]
@@ -54,24 +54,10 @@ def global_kernels():
     return names
 
 
-def cuda_include_dir():
-    """The CUDA toolkit's headers: cuda_runtime.h and the host
-    implementations of cuda_fp16.h / cuda_bf16.h."""
-    homes = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
-    nvcc = shutil.which("nvcc")
-    if nvcc:
-        homes.append(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))))
-    homes.append("/usr/local/cuda")
-    for home in filter(None, homes):
-        inc = os.path.join(home, "include")
-        if all(os.path.exists(os.path.join(inc, h)) for h in ("cuda_runtime.h", "cuda_fp16.h", "cuda_bf16.h")):
-            return inc
-    return None
-
-
 CXX = shutil.which("g++")
 CC = shutil.which("gcc")
-CUDA_INCLUDE = cuda_include_dir()
+# the CUDA toolkit's headers: cuda_runtime.h and the host implementations of cuda_fp16.h / cuda_bf16.h
+CUDA_INCLUDE = cuda_include_dir("cuda_runtime.h", "cuda_fp16.h", "cuda_bf16.h")
 pytestmark = pytest.mark.skipif(
     not (CXX and CC and CUDA_INCLUDE),
     reason="needs g++, gcc and the CUDA toolkit's headers (CUDA_HOME) to build kernels/cudacpu")
