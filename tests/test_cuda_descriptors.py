@@ -108,6 +108,15 @@ def _inputs():
     return files
 
 
+def tool_env(**extra):
+    """The compiler's and the probe's environment: without the sanitizer
+    runtime CI's ASan step preloads into Python (under it, g++'s own leaks
+    fail the build)."""
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    env.update(extra)
+    return env
+
+
 def build_probe():
     """The probe, built under the temp dir in a folder named by the hash of
     its sources, flags and libraries: a changed kernels/cuda rebuilds it."""
@@ -128,7 +137,8 @@ def build_probe():
         obj = os.path.join(work, src + ".o")
         objects.append(obj)
         procs.append((src, subprocess.Popen([CXX] + flags + ["-c", os.path.join(PROBE_DIR, src), "-o", obj],
-                                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
+                                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                            env=tool_env())))
     for src, proc in procs:
         text = proc.communicate()[0]
         if proc.returncode:
@@ -138,7 +148,7 @@ def build_probe():
                               "-Wl," + ",".join("--wrap=" + f for f in WRAPPED)]
     link += ["-L" + d for d in lib_dirs] + ["-l:" + os.path.basename(p) for p in LIBRARIES]
     link += ["-Wl,-rpath," + d for d in lib_dirs] + ["-pthread", "-ldl"]
-    proc = subprocess.run(link, capture_output=True, text=True)
+    proc = subprocess.run(link, capture_output=True, text=True, env=tool_env())
     if proc.returncode:
         raise RuntimeError("linking the descriptor probe failed:\n" + proc.stderr[-8000:])
     os.makedirs(out, exist_ok=True)
@@ -149,10 +159,8 @@ def build_probe():
 
 def run_probe(lines):
     """(versions, replies) for the case lines."""
-    env = dict(os.environ)
-    env.pop("LD_PRELOAD", None)  # CI's sanitizer step preloads libasan into Python
-    env["LD_LIBRARY_PATH"] = os.pathsep.join(sorted({os.path.dirname(p) for p in LIBRARIES})
-                                             + [env.get("LD_LIBRARY_PATH", "")])
+    env = tool_env(LD_LIBRARY_PATH=os.pathsep.join(sorted({os.path.dirname(p) for p in LIBRARIES})
+                                                   + [os.environ.get("LD_LIBRARY_PATH", "")]))
     proc = subprocess.run([build_probe()], input="\n".join(lines) + "\n", capture_output=True, text=True,
                           env=env, timeout=300)
     assert proc.returncode == 0, "the probe failed (%d):\n%s" % (proc.returncode, proc.stderr[-4000:])
