@@ -119,3 +119,17 @@ int ga_parse_args_into(const char *func, PyObject *const *args, Py_ssize_t nargs
         *(PyObject **)((char *)out + fields[k].offset) = values[k];
     return 0;
 }
+
+PyObject *ga_int64_tuple(int n, const int64_t *values)
+{
+    PyObject *t = PyTuple_New(n);
+    for (int k = 0; t && k < n; k++) {
+        PyObject *v = PyLong_FromLongLong(values[k]);
+        if (!v) {
+            Py_CLEAR(t);
+            break;
+        }
+        PyTuple_SET_ITEM(t, k, v);
+    }
+    return t;
+}

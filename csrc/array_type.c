@@ -49,30 +49,16 @@ static void Array_dealloc(ArrayObject *self)
 
 /* --------------------------------------------------------- attributes */
 
-static PyObject *int64_tuple(int n, const int64_t *values)
-{
-    PyObject *t = PyTuple_New(n);
-    for (int k = 0; t && k < n; k++) {
-        PyObject *v = PyLong_FromLongLong(values[k]);
-        if (!v) {
-            Py_CLEAR(t);
-            break;
-        }
-        PyTuple_SET_ITEM(t, k, v);
-    }
-    return t;
-}
-
 static PyObject *Array_get_shape(ArrayObject *self, void *c)
 {
     (void)c;
-    return int64_tuple(self->ndim, self->shape);
+    return ga_int64_tuple(self->ndim, self->shape);
 }
 
 static PyObject *Array_get_strides(ArrayObject *self, void *c)
 {
     (void)c;
-    return int64_tuple(self->ndim, self->strides);
+    return ga_int64_tuple(self->ndim, self->strides);
 }
 
 static PyObject *Array_get_dtype(ArrayObject *self, void *c)
@@ -315,8 +301,8 @@ static int broadcast_strides(const ArrayObject *src, int ndim, const int64_t *sh
     }
     return 0;
 mismatch : {
-    PyObject *have = int64_tuple(src->ndim, src->shape);
-    PyObject *want = int64_tuple(ndim, shape);
+    PyObject *have = ga_int64_tuple(src->ndim, src->shape);
+    PyObject *want = ga_int64_tuple(ndim, shape);
     if (have && want)
         PyErr_Format(PyExc_ValueError, "%s: could not broadcast shape %R into shape %R", argname,
                      have, want);
@@ -466,7 +452,7 @@ static PyObject *Array_reshape(ArrayObject *self, PyObject *args, PyObject *kwar
     }
     if (infer >= 0) {
         if (known == 0 || size % known) {
-            PyObject *t = int64_tuple(ndim, shape);
+            PyObject *t = ga_int64_tuple(ndim, shape);
             if (t)
                 PyErr_Format(PyExc_ValueError, "cannot reshape array of size %lld into shape %R",
                              (long long)size, t);
@@ -477,7 +463,7 @@ static PyObject *Array_reshape(ArrayObject *self, PyObject *args, PyObject *kwar
         known = size;
     }
     if (known != size) {
-        PyObject *t = int64_tuple(ndim, shape);
+        PyObject *t = ga_int64_tuple(ndim, shape);
         if (t)
             PyErr_Format(PyExc_ValueError, "cannot reshape array of size %lld into shape %R",
                          (long long)size, t);
@@ -740,7 +726,7 @@ static PyObject *Array_repr(ArrayObject *self)
     const char *pinned = self->flags & GA_ARRAY_PINNED ? ", pinned=True" : "";
     if (self->device.type == GA_DEVICE_CUDA) {
         /* metadata only: showing values would synchronize with the GPU */
-        PyObject *shape = int64_tuple(self->ndim, self->shape);
+        PyObject *shape = ga_int64_tuple(self->ndim, self->shape);
         if (!shape)
             return NULL;
         PyObject *r = PyUnicode_FromFormat("gpuaccel.Array(shape=%R, dtype=%s, device='%s')", shape,

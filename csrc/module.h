@@ -125,6 +125,9 @@ const char *ga_status_text(ga_status status, char *buf, size_t size);
     } while (0)
 
 /* ---- args.c */
+/* A tuple of Python ints (a shape, strides) for attributes and messages;
+ * NULL with an exception. */
+PyObject *ga_int64_tuple(int n, const int64_t *values);
 /* The UTF-8 text of a str argument, or NULL (no exception set) when obj is
  * not a str, is not encodable or holds a NUL ("gelu\0x" must not pass for
  * "gelu").  Valid while obj lives. */

@@ -488,25 +488,11 @@ ArrayObject *ga_op_empty(ga_state *st, const ga_op *op, ga_dtype dtype, int ndim
     return ga_array_empty(st, dtype, ndim, shape, op->device, 0, op->cuda_stream);
 }
 
-PyObject *ga_op_shape_tuple(int ndim, const int64_t *shape)
-{
-    PyObject *t = PyTuple_New(ndim);
-    for (int d = 0; t && d < ndim; d++) {
-        PyObject *v = PyLong_FromLongLong(shape[d]);
-        if (!v) {
-            Py_CLEAR(t);
-            break;
-        }
-        PyTuple_SET_ITEM(t, d, v);
-    }
-    return t;
-}
-
 int ga_op_check_bias(const char *op, const ArrayObject *bias, int64_t n, const char *what)
 {
     if (!bias || (bias->ndim == 1 && bias->shape[0] == n))
         return 0;
-    PyObject *given = ga_op_shape_tuple(bias->ndim, bias->shape);
+    PyObject *given = ga_int64_tuple(bias->ndim, bias->shape);
     if (given)
         PyErr_Format(PyExc_ValueError, "%s: bias must have shape (%lld,) (%s), got shape %R", op,
                      (long long)n, what, given);
@@ -525,8 +511,8 @@ ArrayObject *ga_op_result(ga_state *st, const ga_op *op, PyObject *out_obj, ga_d
     int ok = out->ndim == ndim && memcmp(out->shape, shape, (size_t)ndim * 8) == 0;
     if (!ok || out->dtype != dtype || !ga_device_equal(out->device, op->device) ||
         (out->flags & GA_ARRAY_READONLY) || !element_strides_ok(out)) {
-        PyObject *want = ga_op_shape_tuple(ndim, shape);
-        PyObject *given = want ? ga_op_shape_tuple(out->ndim, out->shape) : NULL;
+        PyObject *want = ga_int64_tuple(ndim, shape);
+        PyObject *given = want ? ga_int64_tuple(out->ndim, out->shape) : NULL;
         char dev[32], out_dev[32];
         if (given)
             PyErr_Format(PyExc_ValueError,

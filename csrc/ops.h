@@ -143,8 +143,6 @@ int ga_op_activation(PyObject *obj, ga_activation *out, const char *op);
 int ga_op_flag(PyObject *obj, int default_value);
 
 /* ---- operands and results */
-/* `shape` as a Python tuple, for messages (new reference, NULL on error). */
-PyObject *ga_op_shape_tuple(int ndim, const int64_t *shape);
 /* A bias, if given, must be a vector of length `n` (`what` says what n
  * counts); otherwise a ValueError that names the shape given. */
 int ga_op_check_bias(const char *op, const ArrayObject *bias, int64_t n, const char *what);
