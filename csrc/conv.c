@@ -227,8 +227,8 @@ typedef ga_status (*cuda_conv_fn)(void *ctx, void *ws, size_t ws_size, ga_stream
 
 /* Runs a cuDNN call with the persisted engine choice and persists a new
  * one; counts it in conv_stats(). */
-static int run_cuda_conv(ga_state *st, int device, ga_stream s, const char *key, cuda_conv_fn fn,
-                         void *ctx)
+static int run_cuda_conv(ga_state *st, const char *op, int device, ga_stream s, const char *key,
+                         cuda_conv_fn fn, void *ctx)
 {
     ga_conv_tuning tuning;
     memset(&tuning, 0, sizeof tuning);
@@ -255,8 +255,9 @@ static int run_cuda_conv(ga_state *st, int device, ga_stream s, const char *key,
     Py_DECREF(preferred);
     if (status.error)
         return ga_raise(st, status);
-    ga_op_count(&conv_counts, 1, &tuning.report);
     conv_counts.tuning_reused += reused;
+    if (ga_op_count(st, &conv_counts, op, 1, &tuning.report) < 0)
+        return -1;
     /* a choice made without the workspace (short of memory) is not kept:
      * the file's key assumes the full budget */
     if (tuning.report.tuned && tuning.chosen[0] && ws) {
@@ -341,9 +342,7 @@ static int run_conv2d_forward(ga_state *st, const ga_forward *f, const conv_args
         Py_END_ALLOW_THREADS
         if (status.error)
             return ga_raise(st, status);
-        ga_op_report none = {0, 0, 0, 0};
-        ga_op_count(&conv_counts, 0, &none);
-        return 0;
+        return ga_op_count(st, &conv_counts, op->name, 0, NULL);
     }
     char key[1024], extra[64];
     const ga_tensor *ts[3] = {&ctx.desc.x, &ctx.desc.w, &ctx.desc.y};
@@ -353,7 +352,7 @@ static int run_conv2d_forward(ga_state *st, const ga_forward *f, const conv_args
     ctx.device = op->device.index;
     ArrayObject *touched[5] = {f->x_read, f->weight_read, f->bias, f->y, f->z};
     if (ga_op_prepare(st, op, touched, 5) < 0 ||
-        run_cuda_conv(st, ctx.device, op->stream, key, cuda_fwd, &ctx) < 0)
+        run_cuda_conv(st, "conv2d", ctx.device, op->stream, key, cuda_fwd, &ctx) < 0)
         return -1;
     return ga_op_record(st, op, touched, 5);
 }
@@ -395,6 +394,7 @@ static PyObject *conv2d_entry(PyObject *module, PyObject *const *args, Py_ssize_
         goto done;
     result = ga_forward_result(&f);
 done:
+    result = ga_op_settle_fallbacks(st, result);
     ga_forward_end(&f);
     return result;
 }
@@ -507,9 +507,7 @@ static int run_conv2d_backward(ga_state *st, const ga_op *op, const ga_conv_geom
         Py_END_ALLOW_THREADS
         if (status.error)
             return ga_raise(st, status);
-        ga_op_report none = {0, 0, 0, 0};
-        ga_op_count(&conv_counts, 0, &none);
-        return 0;
+        return ga_op_count(st, &conv_counts, op->name, 0, NULL);
     }
     conv_ctx ctx;
     memset(&ctx, 0, sizeof ctx);
@@ -524,7 +522,8 @@ static int run_conv2d_backward(ga_state *st, const ga_op *op, const ga_conv_geom
         ctx.dx = &t->dx;
         const ga_tensor *ts[3] = {&t->dz, &t->w, &t->dx};
         tuning_key(key, sizeof key, "conv2d", ts, 3, geom, "bwd_data");
-        if (run_cuda_conv(st, ctx.device, op->stream, key, cuda_bwd_data, &ctx) < 0)
+        if (run_cuda_conv(st, "conv2d_backward (input gradient)", ctx.device, op->stream, key,
+                          cuda_bwd_data, &ctx) < 0)
             return -1;
     }
     if (t->want_dw) {
@@ -532,7 +531,8 @@ static int run_conv2d_backward(ga_state *st, const ga_op *op, const ga_conv_geom
         ctx.dw = &t->dw;
         const ga_tensor *ts[3] = {&t->x, &t->dz, &t->dw};
         tuning_key(key, sizeof key, "conv2d", ts, 3, geom, "bwd_filter");
-        if (run_cuda_conv(st, ctx.device, op->stream, key, cuda_bwd_filter, &ctx) < 0)
+        if (run_cuda_conv(st, "conv2d_backward (weight gradient)", ctx.device, op->stream, key,
+                          cuda_bwd_filter, &ctx) < 0)
             return -1;
     }
     return ga_op_record(st, op, touched, 5);
@@ -591,6 +591,7 @@ static PyObject *conv2d_backward_entry(PyObject *module, PyObject *const *args, 
         goto done;
     result = ga_backward_result(&g);
 done:
+    result = ga_op_settle_fallbacks(st, result);
     ga_backward_end(&g);
     Py_XDECREF(gyv);
     Py_XDECREF(xv);

@@ -28,7 +28,8 @@ static int run_gemm(ga_state *st, const ga_op *op, ga_matmul_desc *desc)
 {
     desc->allow_tf32 = ga_op_allow_tf32();
     desc->deterministic = ga_op_deterministic();
-    ga_op_report report = {0, 0, 0, 0};
+    ga_op_report report;
+    memset(&report, 0, sizeof report);
     ga_status status;
     if (op->device.type == GA_DEVICE_CPU) {
         Py_BEGIN_ALLOW_THREADS
@@ -44,8 +45,7 @@ static int run_gemm(ga_state *st, const ga_op *op, ga_matmul_desc *desc)
     }
     if (status.error)
         return ga_raise(st, status);
-    ga_op_count(&matmul_counts, op->device.type == GA_DEVICE_CUDA, &report);
-    return 0;
+    return ga_op_count(st, &matmul_counts, op->name, op->device.type == GA_DEVICE_CUDA, &report);
 }
 
 /* Leading dims of `a` before the last `keep` as one dimension, when their
@@ -355,6 +355,7 @@ static PyObject *matmul_entry(PyObject *module, PyObject *const *args, Py_ssize_
         goto done;
     result = Py_NewRef(d);
 done:
+    result = ga_op_settle_fallbacks(st, result);
     ga_op_end(&op);
     Py_XDECREF(av);
     Py_XDECREF(bv);
@@ -473,6 +474,7 @@ static PyObject *linear_entry(PyObject *module, PyObject *const *args, Py_ssize_
         goto done;
     result = ga_forward_result(&f);
 done:
+    result = ga_op_settle_fallbacks(st, result);
     ga_forward_end(&f);
     return result;
 }
@@ -628,6 +630,7 @@ static PyObject *linear_backward_entry(PyObject *module, PyObject *const *args, 
     }
     result = ga_backward_result(&g);
 done:
+    result = ga_op_settle_fallbacks(st, result);
     ga_backward_end(&g);
     Py_XDECREF(dz);
     Py_XDECREF(gyv);

@@ -25,6 +25,14 @@ PyDoc_STRVAR(oom_doc, "An allocation failed: the device (or host) is out of memo
                       "limit set with gpuaccel.set_memory_limit() would be exceeded.");
 PyDoc_STRVAR(cublas_error_doc, "A cuBLAS / cuBLASLt call failed (.code is a cublasStatus_t).");
 PyDoc_STRVAR(cudnn_error_doc, "A cuDNN call failed (.code is a cudnnStatus_t).");
+PyDoc_STRVAR(fallback_error_doc,
+             "A CUDA op could not run as the library call it asked for, for a reason that may "
+             "hide a bug or a broken installation, under gpuaccel.set_fallback_policy('raise').\n\n"
+             ".name is the reason (see matmul_stats()['fallback_reasons']), .code the library's "
+             "status, .call the op.");
+PyDoc_STRVAR(fallback_warning_doc,
+             "A CUDA op fell back from the library call it asked for (see FallbackError); shown "
+             "once per op and reason under gpuaccel.set_fallback_policy('warn'), the default.");
 
 static PyObject *new_exception(PyObject *module, const char *name, const char *doc, PyObject *bases)
 {
@@ -56,7 +64,14 @@ static int add_exceptions(PyObject *module, ga_state *st)
         return -1;
     st->CublasError = new_exception(module, "CublasError", cublas_error_doc, st->CudaError);
     st->CudnnError = new_exception(module, "CudnnError", cudnn_error_doc, st->CudaError);
-    return st->CublasError && st->CudnnError ? 0 : -1;
+    st->FallbackError =
+        new_exception(module, "FallbackError", fallback_error_doc, PyExc_RuntimeError);
+    st->FallbackWarning = PyErr_NewExceptionWithDoc("gpuaccel.FallbackWarning",
+                                                    fallback_warning_doc, PyExc_UserWarning, NULL);
+    if (st->FallbackWarning &&
+        PyModule_AddObjectRef(module, "FallbackWarning", st->FallbackWarning) < 0)
+        Py_CLEAR(st->FallbackWarning);
+    return st->CublasError && st->CudnnError && st->FallbackError && st->FallbackWarning ? 0 : -1;
 }
 
 static PyTypeObject *add_type(PyObject *module, PyType_Spec *spec)
@@ -115,7 +130,12 @@ static int module_exec(PyObject *module)
         return -1;
     if (PyModule_AddIntConstant(module, "MAX_NDIM", GA_MAX_NDIM) < 0)
         return -1;
-    return 0;
+    PyObject *reasons = ga_op_fallback_reason_names();
+    int added = reasons ? PyModule_AddObjectRef(module, "_fallback_reasons", reasons) : -1;
+    Py_XDECREF(reasons);
+    if (added < 0)
+        return -1;
+    return ga_op_fallback_policy_init();
 }
 
 static int module_traverse(PyObject *module, visitproc visit, void *arg)
@@ -131,6 +151,8 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->OutOfMemoryError);
     Py_VISIT(st->CublasError);
     Py_VISIT(st->CudnnError);
+    Py_VISIT(st->FallbackError);
+    Py_VISIT(st->FallbackWarning);
     Py_VISIT(st->current_stream);
     Py_VISIT(st->default_device);
     Py_VISIT(st->bfloat16_descr);
@@ -168,6 +190,8 @@ static int module_clear(PyObject *module)
     Py_CLEAR(st->OutOfMemoryError);
     Py_CLEAR(st->CublasError);
     Py_CLEAR(st->CudnnError);
+    Py_CLEAR(st->FallbackError);
+    Py_CLEAR(st->FallbackWarning);
     Py_CLEAR(st->current_stream);
     Py_CLEAR(st->default_device);
     Py_CLEAR(st->bfloat16_descr);
@@ -294,6 +318,16 @@ static PyMethodDef module_methods[] = {
      "set_deterministic(True | False)\n\nRestricts cuBLASLt and cuDNN to algorithms that give "
      "the same bits every run (no split-K or atomic reductions)."},
     {"get_deterministic", ga_py_get_deterministic, METH_NOARGS, NULL},
+    {"set_fallback_policy", ga_py_set_fallback_policy, METH_O,
+     "set_fallback_policy('allow' | 'warn' | 'raise')\n\nWhat a CUDA matmul or conv does when "
+     "the library call it asked for fell back for a reason that may hide a bug or a broken "
+     "installation (no algorithm even for the plain op, a rejected parameter, a sub-library that "
+     "did not load, a failed runtime compilation, plans that did not run): 'warn' (default) "
+     "shows a FallbackWarning once per op and reason with the library's message, 'raise' raises "
+     "FallbackError, 'allow' only counts them (matmul_stats()/conv_stats()['fallback_reasons']). "
+     "Documented library limits (layouts, epilogues, set_deterministic) are counted, never "
+     "warned about.  The environment variable GPUACCEL_FALLBACK sets it at import."},
+    {"get_fallback_policy", ga_py_get_fallback_policy, METH_NOARGS, NULL},
     {"matmul_stats", ga_py_matmul_stats, METH_NOARGS,
      "matmul_stats() -> dict: calls, CPU/CUDA calls, fused and fallback (unfused) CUDA calls, "
      "plan-cache hits and misses."},

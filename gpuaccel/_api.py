@@ -22,6 +22,8 @@ from ._C import (  # noqa: E402
     CudnnError,
     Device,
     Event,
+    FallbackError,
+    FallbackWarning,
     OutOfMemoryError,
     Stream,
     asarray,
@@ -45,6 +47,7 @@ from ._C import (  # noqa: E402
     from_dlpack,
     full,
     get_deterministic,
+    get_fallback_policy,
     get_matmul_precision,
     int8,
     int16,
@@ -58,6 +61,7 @@ from ._C import (  # noqa: E402
     ones,
     set_default_device,
     set_deterministic,
+    set_fallback_policy,
     set_matmul_precision,
     set_memory_limit,
     synchronize,
@@ -72,15 +76,16 @@ __version__ = "0.1.0"
 DTYPES = (bool_, uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64)
 
 __all__ = [
-    "Array", "CublasError", "CudaError", "CudnnError", "DTYPES", "Device", "Event", "MAX_NDIM",
+    "Array", "CublasError", "CudaError", "CudnnError", "DTYPES", "Device", "Event", "FallbackError",
+    "FallbackWarning", "MAX_NDIM",
     "ImageNormalize", "LossLogger", "NonFiniteError", "OutOfMemoryError", "PinnedLoader", "Stream", "asarray",
     "bfloat16", "bool_", "build_info", "built_with_cuda",
     "conv2d", "conv2d_backward", "conv_stats", "cuda_available", "current_stream", "default_device", "device_count",
     "device_properties",
     "empty", "empty_cache", "float16", "float32", "float64", "from_dlpack", "full",
-    "get_deterministic", "get_matmul_precision", "int8", "int16", "int32", "int64", "linear",
+    "get_deterministic", "get_fallback_policy", "get_matmul_precision", "int8", "int16", "int32", "int64", "linear",
     "linear_backward", "matmul", "matmul_stats", "memory_stats", "ones", "set_default_device", "set_deterministic",
-    "set_matmul_precision", "set_memory_limit",
+    "set_fallback_policy", "set_matmul_precision", "set_memory_limit",
     "synchronize", "uint8", "zeros",
 ]
 

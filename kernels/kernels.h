@@ -303,12 +303,36 @@ typedef struct {
     int deterministic; /* same bits every run: no split-K/atomic reductions */
 } ga_matmul_desc;
 
+/* Why a CUDA op did not run as the one library call it asked for, most
+ * severe last: a report keeps the most severe reason met on its way.  The
+ * first four are limits the library documents (or gpuaccel's own rules)
+ * and are only counted; from GA_FALLBACK_NO_ENGINE on, something that
+ * should have run did not — a possible bug, a broken installation, or a
+ * far slower kernel — and csrc/ops.c applies the fallback policy (allow,
+ * warn, raise) to them. */
+typedef enum {
+    GA_FALLBACK_NONE = 0,
+    GA_FALLBACK_LAYOUT,        /* strides, offsets or alignment the library cannot describe */
+    GA_FALLBACK_EPILOGUE,      /* an epilogue (or its dtypes) the library cannot express */
+    GA_FALLBACK_DETERMINISTIC, /* a fused reduction not documented as deterministic */
+    GA_FALLBACK_NOT_SUPPORTED, /* the library has no engine / algorithm for the fused form */
+    GA_FALLBACK_NO_ENGINE,     /* not even for the plain GEMM / conv: gpuaccel's own kernels ran */
+    GA_FALLBACK_BAD_PARAM,     /* cuDNN's BAD_PARAM family, cuBLASLt's INVALID_VALUE */
+    GA_FALLBACK_SUBLIBRARY,    /* cuDNN could not load an engine sub-library */
+    GA_FALLBACK_COMPILATION,   /* cuDNN's runtime compilation of a fused kernel failed */
+    GA_FALLBACK_EXECUTION,     /* plans finalized, but none ran */
+    GA_FALLBACK_REASON_COUNT
+} ga_fallback_reason;
+
 /* What a CUDA op did, for gpuaccel.matmul_stats() / conv_stats(). */
 typedef struct {
     int fused;     /* 1: the epilogue ran inside the library call */
     int fallback;  /* 1: an unfused path (plain GEMM/conv + gpuaccel's own kernel) ran */
     int cache_hit; /* 1: the plan came from the per-process cache */
     int tuned;     /* 1: candidate plans were timed on this call */
+    ga_fallback_reason reason; /* why not the fused library call (NONE when it ran) */
+    int library_status;        /* the cudnnStatus_t / cublasStatus_t behind `reason`, or 0 */
+    char detail[256];          /* the library's own message and the call that gave it */
 } ga_op_report;
 
 ga_status ga_cpu_matmul(const ga_matmul_desc *desc);

@@ -849,6 +849,25 @@ ga_status ga_cuda_fill(int device, const ga_tensor *dst, ga_scalar value, ga_str
 
 static uint64_t matmul_calls, conv_calls;
 
+/* A library refusal injected by tests: GPUACCEL_SIM_FALLBACK="<reason>:
+ * <status>:<text>" (reason: a ga_fallback_reason value) makes every matmul
+ * and conv report it, as kernels/cuda reports what cuBLASLt and cuDNN
+ * answered, so csrc's counting and fallback policy run without them. */
+static void sim_inject_fallback(ga_op_report *report)
+{
+    const char *env = getenv("GPUACCEL_SIM_FALLBACK");
+    if (!env || !*env)
+        return;
+    char *end = NULL;
+    long reason = strtol(env, &end, 10);
+    if (reason <= GA_FALLBACK_NONE || reason >= GA_FALLBACK_REASON_COUNT || *end != ':')
+        return;
+    long status = strtol(end + 1, &end, 10);
+    report->reason = (ga_fallback_reason)reason;
+    report->library_status = (int)status;
+    snprintf(report->detail, sizeof report->detail, "%s", *end == ':' ? end + 1 : "");
+}
+
 size_t ga_cuda_matmul_workspace_size(int device)
 {
     (void)device;
@@ -880,6 +899,7 @@ ga_status ga_cuda_matmul(int device, const ga_matmul_desc *desc, void *workspace
         status = ga_cuda_matmul_unfused(device, desc, 0, stream);
     report->fallback = !status.error;
     report->cache_hit = matmul_calls++ > 0;
+    sim_inject_fallback(report);
     pthread_mutex_unlock(&sim_lock);
     return status;
 }
@@ -930,6 +950,7 @@ static void conv_tuning_report(ga_conv_tuning *tuning)
     memset(&tuning->report, 0, sizeof tuning->report);
     tuning->report.fallback = 1;
     tuning->report.tuned = !reuse;
+    sim_inject_fallback(&tuning->report);
     conv_calls++;
 }
 

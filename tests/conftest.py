@@ -13,7 +13,11 @@ functions, importable as `helpers` through pyproject.toml's pythonpath):
 - a report hook that prints a failed test's seed, to reproduce it;
 - a summary of the skipped tests grouped by reason, one line each (the
   short summary, `-rfEX` in pyproject.toml, lists only failures, errors
-  and unexpected passes).
+  and unexpected passes);
+- the fallback policy "raise" (GPUACCEL_FALLBACK, inherited by the
+  scripts tests run): on a GPU, a cuBLASLt/cuDNN call that falls back for
+  a reason that may hide a bug fails the test instead of passing on
+  gpuaccel's own kernels.
 """
 
 import os
@@ -22,6 +26,8 @@ import sys
 
 import numpy as np
 import pytest
+
+os.environ.setdefault("GPUACCEL_FALLBACK", "raise")
 
 import gpuaccel
 

@@ -662,3 +662,54 @@ def test_matmul_descriptors_describe_the_gemm(lt_enums):
         except AssertionError as err:
             failures.append("%s: %s" % (case.name, err))
     assert not failures, "\n".join(failures[:20]) + ("\n... %d in all" % len(failures))
+
+
+@pytest.fixture(scope="module")
+def reasons():
+    """ga_fallback_reason's values, from kernels/kernels.h."""
+    return header_enums(os.path.join(ROOT, "kernels", "kernels.h"))
+
+
+# (name, dtype, epilogue fused or None, the reason when not, extra): what
+# matmul.cu asks cuBLASLt for, by cublasLt.h's dtype rules (the bias has D's
+# type, a bias gradient the output's), what cuBLASLt cannot express, and
+# set_deterministic(True) keeping reductions out of cuBLASLt
+ROUTES = [
+    ("bias-d-type", "float16", "CUBLASLT_EPILOGUE_BIAS", None, {"bias": 1, "bias_dtype": "float16"}),
+    ("bias-f32-for-f16", "float16", None, "GA_FALLBACK_EPILOGUE", {"bias": 1, "bias_dtype": "float32"}),
+    ("bias-bf16-for-f32", "float32", None, "GA_FALLBACK_EPILOGUE", {"bias": 1, "bias_dtype": "bfloat16"}),
+    ("gelu-bias-f32-for-bf16", "bfloat16", None, "GA_FALLBACK_EPILOGUE",
+     {"bias": 1, "bias_dtype": "float32", "act": "gelu"}),
+    ("bgradb-d-type", "bfloat16", "CUBLASLT_EPILOGUE_BGRADB", None, {"a_row_sums": 1}),
+    ("bgradb-f32-for-bf16", "bfloat16", None, "GA_FALLBACK_EPILOGUE",
+     {"a_row_sums": 1, "a_row_sums_dtype": "float32"}),
+    ("dgelu-bgrad-f32-for-f16", "float16", None, "GA_FALLBACK_EPILOGUE",
+     {"dact": "gelu", "dact_aux": 1, "col_sums": 1, "col_sums_dtype": "float32"}),
+    ("relu-preact", "float16", None, "GA_FALLBACK_EPILOGUE", {"bias": 1, "act": "relu", "preact": 1}),
+    ("drelu", "float32", None, "GA_FALLBACK_EPILOGUE", {"dact": "relu", "dact_aux": 1}),
+    ("bgradb-deterministic", "float32", None, "GA_FALLBACK_DETERMINISTIC",
+     {"a_row_sums": 1, "deterministic": 1}),
+    ("dgelu-bgrad-deterministic", "float16", None, "GA_FALLBACK_DETERMINISTIC",
+     {"dact": "gelu", "dact_aux": 1, "col_sums": 1, "deterministic": 1}),
+    ("dgelu-deterministic", "float16", "CUBLASLT_EPILOGUE_DGELU", None,
+     {"dact": "gelu", "dact_aux": 1, "deterministic": 1}),
+    ("bias-deterministic", "float32", "CUBLASLT_EPILOGUE_BIAS", None, {"bias": 1, "deterministic": 1}),
+]
+
+
+@pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
+@pytest.mark.parametrize("route", ROUTES, ids=[r[0] for r in ROUTES])
+def test_matmul_asks_cublaslt_only_for_what_it_documents(route, lt_enums, reasons):
+    name, dtype, fused, reason, extra = route
+    case = MatmulCase("route-" + name, dtype, fused or "CUBLASLT_EPILOGUE_DEFAULT", **extra)
+    _, (reply,) = run_probe([case.line()])
+    assert reply["fallback_reason"] == (reasons[reason] if reason else reasons["GA_FALLBACK_NONE"])
+    assert reply["fused"] == (fused is not None)
+    if fused:
+        assert reply["epilogue"] == lt_enums[fused]
+        desc = reply["fused_call"]["desc"]
+        assert desc["epilogue"] == lt_enums[fused]
+        if "bias_pointer" in desc and fused != "CUBLASLT_EPILOGUE_DGELU":
+            assert desc["bias_data_type"] == lt_enums[LT_TYPE[dtype]]
+    # the plain GEMM the unfused route runs is always describable here
+    assert reply["plain_call"]["described"] and reply["plain_call"]["desc_status"] is None

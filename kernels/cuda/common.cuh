@@ -9,6 +9,8 @@
 #ifndef GPUACCEL_CUDA_COMMON_CUH
 #define GPUACCEL_CUDA_COMMON_CUH
 
+#include <stdio.h>
+
 #include <cuda_runtime.h>
 #include <nvtx3/nvToolsExt.h>
 
@@ -103,6 +105,18 @@ static inline ga_status ga_cudnn_error(cudnnStatus_t status, const char *call, c
             return ga_cudnn_error(ga_cudnn_, #call, __FILE__, __LINE__); \
     } while (0)
 #endif
+
+/* Records `reason` in `report` unless it already holds a more severe one;
+ * `status` and `detail` (may be NULL) are what the library answered. */
+static inline void ga_op_report_fallback(ga_op_report *report, ga_fallback_reason reason,
+                                         int status, const char *detail)
+{
+    if (!report || reason <= report->reason)
+        return;
+    report->reason = reason;
+    report->library_status = status;
+    snprintf(report->detail, sizeof report->detail, "%s", detail ? detail : "");
+}
 
 /* After a kernel launch: launch-configuration errors surface here. */
 #define GA_CUDA_LAUNCH_CHECK(kernel_name)                                                \

@@ -21,9 +21,14 @@
  *   3. generic: a tiled CUDA kernel for any strides, any float dtype and a
  *      K of zero, then the same epilogue kernels — when cuBLASLt cannot
  *      describe the layout at all (no unit stride, negative strides).
- * A valid input therefore never ends in CUBLAS_STATUS_NOT_SUPPORTED.
+ * A valid input therefore never ends in CUBLAS_STATUS_NOT_SUPPORTED.  The
+ * report says why a call did not run fused (ga_fallback_reason, with
+ * cuBLASLt's status and text): csrc/ops.c counts the reasons and applies
+ * the fallback policy to the ones that may hide a bug (INVALID_VALUE) or
+ * cost the most (no algorithm even for the plain GEMM).
  *
- * Plans (matrix layouts + the heuristic's algorithm, or "cuBLASLt cannot")
+ * Plans (matrix layouts + the heuristic's best algorithms, or "cuBLASLt
+ * cannot" and why)
  * are cached per process by everything that decides them: device, shapes,
  * leading dimensions, batch strides, dtypes, epilogue, pointer alignments,
  * TF32 and determinism flags.  The matmul descriptor itself is built on each
@@ -140,49 +145,87 @@ uint32_t alignment_of(const void *p)
     return a;
 }
 
-/* The cuBLASLt epilogue for a descriptor, or false when none expresses it
- * (then the GEMM runs plain and epilogue.cu finishes). */
-bool fused_epilogue(const ga_matmul_desc *desc, cublasLtEpilogue_t *out)
+/* The cuBLASLt epilogue for a descriptor, or why none is asked for (then
+ * the GEMM runs plain and epilogue.cu finishes):
+ *   - cublasLt.h's dtype rules: the bias has D's type, a bias gradient the
+ *     output's type (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, _BIAS_POINTER);
+ *     gpuaccel also sums float32 bias gradients of 16-bit outputs, which
+ *     cuBLASLt would refuse at run time;
+ *   - what cuBLASLt cannot express: relu's pre-activation (RELU_AUX keeps
+ *     a bit mask), DRELU (it wants that mask), a per-batch bias gradient;
+ *   - determinism: the BGRAD epilogues reduce inside cuBLASLt, which does
+ *     not document them as deterministic, so set_deterministic(True) sums
+ *     with epilogue.cu's fixed-order reduction instead. */
+ga_fallback_reason fused_epilogue(const ga_matmul_desc *desc, cublasLtEpilogue_t *out)
 {
     bool bias = desc->bias != NULL, preact = desc->preact.data != NULL;
+    ga_dtype d_type = desc->d.dtype;
     if (desc->a_row_sums) {
+        if (desc->a_row_sums_dtype != d_type)
+            return GA_FALLBACK_EPILOGUE;
+        if (desc->deterministic)
+            return GA_FALLBACK_DETERMINISTIC;
         *out = CUBLASLT_EPILOGUE_BGRADB;
-        return true;
+        return GA_FALLBACK_NONE;
     }
     if (desc->dact == GA_ACT_GELU) {
-        if (desc->dact_aux.dtype != desc->d.dtype)
-            return false;
-        /* cuBLASLt's bias gradient is per batch (BIAS_BATCH_STRIDE), col_sums
-         * sums over the batch too: fused only for one */
-        if (desc->col_sums && desc->batch != 1)
-            return false;
+        if (desc->dact_aux.dtype != d_type)
+            return GA_FALLBACK_EPILOGUE;
+        if (desc->col_sums) {
+            /* cuBLASLt's bias gradient is per batch (BIAS_BATCH_STRIDE),
+             * col_sums sums over the batch too: fused only for one */
+            if (desc->batch != 1 || desc->col_sums_dtype != d_type)
+                return GA_FALLBACK_EPILOGUE;
+            if (desc->deterministic)
+                return GA_FALLBACK_DETERMINISTIC;
+        }
         *out = desc->col_sums ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
-        return true;
+        return GA_FALLBACK_NONE;
     }
     if (desc->dact != GA_ACT_NONE || desc->col_sums)
-        return false; /* DRELU needs cuBLASLt's bit mask, not values */
+        return GA_FALLBACK_EPILOGUE; /* DRELU needs cuBLASLt's bit mask, not values */
+    if (bias && desc->bias_dtype != d_type)
+        return GA_FALLBACK_EPILOGUE;
     switch (desc->activation) {
     case GA_ACT_NONE:
         if (preact)
-            return false;
+            return GA_FALLBACK_EPILOGUE;
         *out = bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
-        return true;
+        return GA_FALLBACK_NONE;
     case GA_ACT_RELU:
         if (preact)
-            return false; /* RELU_AUX keeps a bit mask, not z */
+            return GA_FALLBACK_EPILOGUE; /* RELU_AUX keeps a bit mask, not z */
         *out = bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU;
-        return true;
+        return GA_FALLBACK_NONE;
     case GA_ACT_GELU:
         if (preact) {
-            if (desc->preact.dtype != desc->d.dtype)
-                return false;
+            if (desc->preact.dtype != d_type)
+                return GA_FALLBACK_EPILOGUE;
             *out = bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
         } else {
             *out = bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
         }
-        return true;
+        return GA_FALLBACK_NONE;
     }
-    return false;
+    return GA_FALLBACK_EPILOGUE;
+}
+
+const char *epilogue_name(cublasLtEpilogue_t e)
+{
+    switch (e) {
+    case CUBLASLT_EPILOGUE_DEFAULT: return "DEFAULT";
+    case CUBLASLT_EPILOGUE_BIAS: return "BIAS";
+    case CUBLASLT_EPILOGUE_RELU: return "RELU";
+    case CUBLASLT_EPILOGUE_RELU_BIAS: return "RELU_BIAS";
+    case CUBLASLT_EPILOGUE_GELU: return "GELU";
+    case CUBLASLT_EPILOGUE_GELU_BIAS: return "GELU_BIAS";
+    case CUBLASLT_EPILOGUE_GELU_AUX: return "GELU_AUX";
+    case CUBLASLT_EPILOGUE_GELU_AUX_BIAS: return "GELU_AUX_BIAS";
+    case CUBLASLT_EPILOGUE_DGELU: return "DGELU";
+    case CUBLASLT_EPILOGUE_DGELU_BGRAD: return "DGELU_BGRAD";
+    case CUBLASLT_EPILOGUE_BGRADB: return "BGRADB";
+    default: return "?";
+    }
 }
 
 bool epilogue_has_aux(cublasLtEpilogue_t e)
@@ -217,18 +260,46 @@ void layout_destroy(cublasLtMatrixLayout_t l)
         cublasLtMatrixLayoutDestroy(l);
 }
 
-/* A cached plan: the four layouts and the algorithm, or usable == false
- * when cuBLASLt found none (then the fallback runs without asking again). */
+/* Algorithms asked of the heuristic per plan: when the best one turns out
+ * not to run for a call (cublasLtMatmul answers NOT_SUPPORTED on some
+ * problems the heuristic accepted), the next is tried before the fused
+ * form is given up for the shape. */
+constexpr int kMaxAlgos = 8;
+
+/* A cached plan: the four layouts and the heuristic's algorithms, best
+ * first; `next` is the first that has not failed.  With none left the
+ * plan is not usable, and `refusal` says why (read by the report). */
 struct LtPlan {
-    std::atomic<bool> usable{false}; /* cleared by any thread that finds it unsupported */
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
-    cublasLtMatmulAlgo_t algo;
+    cublasLtMatmulAlgo_t algos[kMaxAlgos];
+    int nalgos = 0;
+    std::atomic<int> next{0}; /* advanced by any thread that finds an algorithm failing */
+    std::mutex mutex;         /* guards the refusal */
+    ga_fallback_reason reason = GA_FALLBACK_NONE;
+    int status = 0;
+    std::string refusal;
     ~LtPlan()
     {
         layout_destroy(a);
         layout_destroy(b);
         layout_destroy(c);
         layout_destroy(d);
+    }
+    bool usable() const
+    {
+        return next.load() < nalgos;
+    }
+    void refuse(ga_fallback_reason why, cublasStatus_t st, const std::string &text)
+    {
+        std::lock_guard<std::mutex> lock(mutex);
+        reason = why;
+        status = (int)st;
+        refusal = text;
+    }
+    void report(ga_op_report *rep, ga_fallback_reason floor)
+    {
+        std::lock_guard<std::mutex> lock(mutex);
+        ga_op_report_fallback(rep, reason > floor ? reason : floor, status, refusal.c_str());
     }
 };
 
@@ -277,10 +348,31 @@ ga_status make_matmul_desc(const LtCall &c, cublasLtMatmulDesc_t *out)
     return ga_ok();
 }
 
+/* The statuses that mean "cuBLASLt does not run this here", and why:
+ * INVALID_VALUE is also what a wrongly described call gets, so it is kept
+ * apart (the fallback policy warns about it) from plain NOT_SUPPORTED. */
 bool lt_unsupported(cublasStatus_t s)
 {
     return s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE ||
            s == CUBLAS_STATUS_ARCH_MISMATCH;
+}
+
+ga_fallback_reason lt_reason(cublasStatus_t s)
+{
+    return s == CUBLAS_STATUS_INVALID_VALUE ? GA_FALLBACK_BAD_PARAM : GA_FALLBACK_NOT_SUPPORTED;
+}
+
+/* "<call>: <status> (<its text>) for epilogue <E>, D[b] (MxN) = A (MxK) @ B" */
+std::string lt_refusal(const char *call, cublasStatus_t st, const LtCall &c,
+                       const ga_matmul_desc *desc, const char *what)
+{
+    char buf[240];
+    snprintf(buf, sizeof buf,
+             "%s: %s (%s) for epilogue %s, D (%lldx%lld) = A (%lldx%lld) @ B, batch %lld", call,
+             cublasLtGetStatusName(st), what ? what : cublasLtGetStatusString(st),
+             epilogue_name(c.epilogue), (long long)desc->d.rows, (long long)desc->d.cols,
+             (long long)desc->a.rows, (long long)desc->a.cols, (long long)c.batch);
+    return buf;
 }
 
 struct DescGuard {
@@ -340,8 +432,9 @@ ga_status make_preference(const ga_matmul_desc *desc, size_t workspace_size, Pre
     return ga_ok();
 }
 
-/* Builds the plan for `c` (layouts + heuristic).  A heuristic with no
- * answer leaves plan->usable false: not an error, the fallback runs. */
+/* Builds the plan for `c`: layouts and up to kMaxAlgos algorithms.  A
+ * heuristic with no answer leaves the plan unusable, with the reason: not
+ * an error, the fallback runs. */
 ga_status build_plan(cublasLtHandle_t handle, const LtCall &c, const ga_matmul_desc *desc,
                      size_t workspace_size, LtPlan *plan)
 {
@@ -350,15 +443,20 @@ ga_status build_plan(cublasLtHandle_t handle, const LtCall &c, const ga_matmul_d
     GA_TRY_STATUS(make_matmul_desc(c, &md.d));
     PrefGuard pref;
     GA_TRY_STATUS(make_preference(desc, workspace_size, &pref));
-    cublasLtMatmulHeuristicResult_t result;
+    cublasLtMatmulHeuristicResult_t results[kMaxAlgos];
     int found = 0;
     cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle, md.d, plan->a, plan->b, plan->c,
-                                                       plan->d, pref.p, 1, &result, &found);
-    if (st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
-        plan->algo = result.algo;
-        plan->usable = true;
-    } else if (st != CUBLAS_STATUS_SUCCESS && !lt_unsupported(st)) {
+                                                       plan->d, pref.p, kMaxAlgos, results, &found);
+    if (st != CUBLAS_STATUS_SUCCESS && !lt_unsupported(st))
         return ga_cublas_error(st, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
+    for (int i = 0; st == CUBLAS_STATUS_SUCCESS && i < found && i < kMaxAlgos; i++)
+        if (results[i].state == CUBLAS_STATUS_SUCCESS)
+            plan->algos[plan->nalgos++] = results[i].algo;
+    if (plan->nalgos == 0) {
+        cublasStatus_t why = st != CUBLAS_STATUS_SUCCESS ? st : CUBLAS_STATUS_NOT_SUPPORTED;
+        plan->refuse(lt_reason(why), why,
+                     lt_refusal("cublasLtMatmulAlgoGetHeuristic", why, c, desc,
+                                st == CUBLAS_STATUS_SUCCESS ? "no algorithm" : nullptr));
     }
     return ga_ok();
 }
@@ -447,25 +545,26 @@ bool describe(const ga_matmul_desc *desc, cublasLtEpilogue_t epilogue, LtCall *c
 }
 
 /* One cuBLASLt call.  *ran false: cuBLASLt has no algorithm for it (the
- * caller falls back); a real failure is returned as an error. */
+ * caller falls back; *plan_out says why); a real failure is returned as
+ * an error. */
 ga_status lt_matmul(int device, const ga_matmul_desc *desc, const LtCall &c, void *workspace,
-                    size_t workspace_size, cudaStream_t s, bool *ran, int *cache_hit)
+                    size_t workspace_size, cudaStream_t s, bool *ran, int *cache_hit,
+                    std::shared_ptr<LtPlan> *plan_out)
 {
     *ran = false;
     cublasLtHandle_t handle;
     GA_TRY_STATUS(lt_handle(device, &handle));
     GaPlanCache &cache = ga_matmul_plan_cache();
     std::string key = plan_key(device, c, desc, workspace_size);
-    std::shared_ptr<void> found = cache.find(key);
-    *cache_hit = found != nullptr;
-    if (!found) {
-        std::shared_ptr<LtPlan> fresh = std::make_shared<LtPlan>();
-        GA_TRY_STATUS(build_plan(handle, c, desc, workspace_size, fresh.get()));
-        cache.insert(key, fresh);
-        found = fresh;
+    std::shared_ptr<LtPlan> plan = std::static_pointer_cast<LtPlan>(cache.find(key));
+    *cache_hit = plan != nullptr;
+    if (!plan) {
+        plan = std::make_shared<LtPlan>();
+        GA_TRY_STATUS(build_plan(handle, c, desc, workspace_size, plan.get()));
+        cache.insert(key, plan);
     }
-    LtPlan *plan = static_cast<LtPlan *>(found.get());
-    if (!plan->usable)
+    *plan_out = plan;
+    if (!plan->usable())
         return ga_ok();
     DescGuard md;
     GA_TRY_STATUS(make_matmul_desc(c, &md.d));
@@ -473,18 +572,23 @@ ga_status lt_matmul(int device, const ga_matmul_desc *desc, const LtCall &c, voi
     double one_d = 1.0, zero_d = 0.0;
     const void *alpha = c.scale_type == CUDA_R_64F ? (const void *)&one_d : (const void *)&one_f;
     const void *beta = c.scale_type == CUDA_R_64F ? (const void *)&zero_d : (const void *)&zero_f;
-    cublasStatus_t st = cublasLtMatmul(handle, md.d, alpha, desc->b.data, plan->a, desc->a.data,
-                                       plan->b, beta, desc->d.data, plan->c, desc->d.data, plan->d,
-                                       &plan->algo, workspace, workspace_size, s);
-    if (st == CUBLAS_STATUS_SUCCESS) {
-        *ran = true;
-        return ga_ok();
+    for (int i = plan->next.load(); i < plan->nalgos; i = plan->next.load()) {
+        cublasStatus_t st = cublasLtMatmul(handle, md.d, alpha, desc->b.data, plan->a, desc->a.data,
+                                           plan->b, beta, desc->d.data, plan->c, desc->d.data,
+                                           plan->d, &plan->algos[i], workspace, workspace_size, s);
+        if (st == CUBLAS_STATUS_SUCCESS) {
+            *ran = true;
+            return ga_ok();
+        }
+        if (!lt_unsupported(st))
+            return ga_cublas_error(st, "cublasLtMatmul", __FILE__, __LINE__);
+        /* this algorithm does not run here: the next one, for every later
+         * call too (another thread may have moved on already) */
+        plan->refuse(lt_reason(st), st, lt_refusal("cublasLtMatmul", st, c, desc, nullptr));
+        int expected = i;
+        plan->next.compare_exchange_strong(expected, i + 1);
     }
-    if (lt_unsupported(st)) {
-        plan->usable = false; /* do not try this plan again */
-        return ga_ok();
-    }
-    return ga_cublas_error(st, "cublasLtMatmul", __FILE__, __LINE__);
+    return ga_ok();
 }
 
 } // namespace
@@ -518,12 +622,16 @@ extern "C" ga_status ga_cuda_matmul(int device, const ga_matmul_desc *desc, void
 
     bool done = false;
     LtCall c;
-    cublasLtEpilogue_t epilogue;
+    cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
     bool k_zero = A.cols == 0; /* cuBLASLt wants k >= 1: the generic kernel writes zeros */
     /* 1. fused */
-    if (!k_zero && fused_epilogue(desc, &epilogue) && describe(desc, epilogue, &c)) {
+    ga_fallback_reason why = k_zero ? GA_FALLBACK_LAYOUT : fused_epilogue(desc, &epilogue);
+    if (why == GA_FALLBACK_NONE && !describe(desc, epilogue, &c))
+        why = GA_FALLBACK_LAYOUT;
+    if (why == GA_FALLBACK_NONE) {
         int hit = 0;
-        GA_TRY_STATUS(lt_matmul(device, desc, c, workspace, workspace_size, s, &done, &hit));
+        std::shared_ptr<LtPlan> plan;
+        GA_TRY_STATUS(lt_matmul(device, desc, c, workspace, workspace_size, s, &done, &hit, &plan));
         if (done) {
             rep.fused = epilogue != CUBLASLT_EPILOGUE_DEFAULT;
             rep.cache_hit = hit;
@@ -531,14 +639,23 @@ extern "C" ga_status ga_cuda_matmul(int device, const ga_matmul_desc *desc, void
                 *report = rep;
             return ga_ok();
         }
+        /* a plain GEMM the library refused is not something to fall back
+         * from: the generic kernel follows */
+        plan->report(&rep, epilogue == CUBLASLT_EPILOGUE_DEFAULT ? GA_FALLBACK_NO_ENGINE
+                                                                 : GA_FALLBACK_NONE);
+    } else {
+        ga_op_report_fallback(&rep, why, 0, nullptr);
     }
     bool has_epilogue = desc->bias || desc->activation != GA_ACT_NONE || desc->preact.data ||
                         desc->dact != GA_ACT_NONE || desc->col_sums || desc->a_row_sums;
     /* 2. plain cuBLASLt GEMM, 3. the generic kernel; then epilogue.cu */
-    if (!k_zero && describe(desc, CUBLASLT_EPILOGUE_DEFAULT, &c)) {
+    if (has_epilogue && !k_zero && describe(desc, CUBLASLT_EPILOGUE_DEFAULT, &c)) {
         int hit = 0;
-        GA_TRY_STATUS(lt_matmul(device, desc, c, workspace, workspace_size, s, &done, &hit));
+        std::shared_ptr<LtPlan> plan;
+        GA_TRY_STATUS(lt_matmul(device, desc, c, workspace, workspace_size, s, &done, &hit, &plan));
         rep.cache_hit = hit;
+        if (!done)
+            plan->report(&rep, GA_FALLBACK_NO_ENGINE);
     }
     GA_TRY_STATUS(ga_cuda_matmul_unfused(device, desc, done, stream));
     rep.fallback = has_epilogue || !done;

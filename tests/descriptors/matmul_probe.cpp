@@ -148,8 +148,10 @@ std::string probe_matmul(const ProbeCase &c)
     desc.deterministic = (int)c.integer("deterministic", 0);
     size_t ws = (size_t)c.integer("ws_size", 0);
     cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
-    bool fused = fused_epilogue(&desc, &epilogue);
+    ga_fallback_reason why = fused_epilogue(&desc, &epilogue);
+    bool fused = why == GA_FALLBACK_NONE;
     o.boolean("fused", fused);
+    o.integer("fallback_reason", (int64_t)why);
     if (fused)
         o.integer("epilogue", (int64_t)epilogue).raw("fused_call", call_json(desc, epilogue, ws));
     o.raw("plain_call", call_json(desc, CUBLASLT_EPILOGUE_DEFAULT, ws));
