@@ -315,8 +315,13 @@ static PyMethodDef module_methods[] = {
      "convolutions use TF32 tensor cores, as torch.set_float32_matmul_precision does."},
     {"get_matmul_precision", ga_py_get_matmul_precision, METH_NOARGS, NULL},
     {"set_deterministic", ga_py_set_deterministic, METH_O,
-     "set_deterministic(True | False)\n\nRestricts cuBLASLt and cuDNN to algorithms that give "
-     "the same bits every run (no split-K or atomic reductions)."},
+     "set_deterministic(True | False)\n\nThe same bits for the same inputs (shapes, strides, "
+     "pointer alignments), run after run and process after process, on the same GPU model with "
+     "the same cuBLASLt and cuDNN: cuBLASLt without split-K reductions and without its "
+     "bias-gradient epilogues (gpuaccel's fixed-order sums instead), cuDNN engines without the "
+     "NONDETERMINISTIC note, chosen in the heuristic's order rather than by timing.  gpuaccel's "
+     "own kernels and the CPU are deterministic either way.  Not promised: the same bits on "
+     "another GPU model or library version, or GPU equal to CPU."},
     {"get_deterministic", ga_py_get_deterministic, METH_NOARGS, NULL},
     {"set_fallback_policy", ga_py_set_fallback_policy, METH_O,
      "set_fallback_policy('allow' | 'warn' | 'raise')\n\nWhat a CUDA matmul or conv does when "
