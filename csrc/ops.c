@@ -29,8 +29,8 @@
  * gpuaccel's layers alike. */
 static const int tf32_default[GA_TF32_OPS] = {[GA_TF32_MATMUL] = 0, [GA_TF32_CONV] = 1};
 static int tf32_set[GA_TF32_OPS] = {-1, -1}; /* gpuaccel's setter: 0 or 1; -1 follow torch */
-static const char *matmul_precision_set;    /* "highest", "high", "medium" as given */
-static int deterministic = 0;               /* set_deterministic(True) */
+static const char *matmul_precision_set;     /* "highest", "high", "medium" as given */
+static int deterministic = 0;                /* set_deterministic(True) */
 
 /* The TF32 setting of `op` and where it comes from. */
 static int tf32_resolve(ga_state *st, ga_tf32_op op, int *allowed, const char **source)

@@ -25,10 +25,10 @@
  * raise once the new API has set a flag the legacy one cannot represent. */
 static void load_tf32_flags(ga_state *st, PyObject *torch)
 {
-    static const char *const ops[GA_TF32_OPS] = {[GA_TF32_MATMUL] = "matmul",
-                                                 [GA_TF32_CONV] = "conv"};
-    static const char *const legacy[GA_TF32_OPS] = {[GA_TF32_MATMUL] = "_get_cublas_allow_tf32",
-                                                    [GA_TF32_CONV] = "_get_cudnn_allow_tf32"};
+    static const char *const ops[GA_TF32_OPS] = {
+        [GA_TF32_MATMUL] = "matmul", [GA_TF32_CONV] = "conv"};
+    static const char *const legacy[GA_TF32_OPS] = {
+        [GA_TF32_MATMUL] = "_get_cublas_allow_tf32", [GA_TF32_CONV] = "_get_cudnn_allow_tf32"};
     Py_CLEAR(st->torch_fp32_precision); /* load_torch may run again if it failed */
     for (int k = 0; k < GA_TF32_OPS; k++) {
         Py_CLEAR(st->torch_fp32_args[k][0]);
