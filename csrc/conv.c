@@ -98,7 +98,7 @@ static int parse_conv_args(PyObject *stride, PyObject *padding, PyObject *dilati
         return -1;
     }
     out->nhwc = strcmp(l, "NHWC") == 0;
-    out->geom.allow_tf32 = ga_op_allow_tf32();
+    /* allow_tf32 is filled once the operands' dtype and device are known */
     out->geom.deterministic = ga_op_deterministic();
     return 0;
 }
@@ -372,6 +372,7 @@ static PyObject *conv2d_entry(PyObject *module, PyObject *const *args, Py_ssize_
     PyObject *result = NULL;
     const ga_op *op = &f.op;
     if (ga_forward_begin(st, &f, arg.x, arg.weight, arg.bias, arg.stream) < 0 ||
+        (ca.geom.allow_tf32 = ga_op_allow_tf32(st, op, f.x->dtype, GA_TF32_CONV)) < 0 ||
         !(f.x_read = ga_op_describable(st, op, f.x)) ||
         !(f.weight_read = ga_op_describable(st, op, f.weight)))
         goto done;
@@ -558,6 +559,7 @@ static PyObject *conv2d_backward_entry(PyObject *module, PyObject *const *args, 
     PyObject *result = NULL;
     const ga_op *op = &g.op;
     if (ga_backward_begin(st, &g, arg.grad_y, arg.x, arg.weight, aux, arg.stream) < 0 ||
+        (ca.geom.allow_tf32 = ga_op_allow_tf32(st, op, g.x->dtype, GA_TF32_CONV)) < 0 ||
         !(xv = ga_op_describable(st, op, g.x)) || !(wv = ga_op_describable(st, op, g.weight)) ||
         !(gyv = ga_op_describable(st, op, g.grad_y)))
         goto done;

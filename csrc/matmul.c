@@ -26,7 +26,8 @@ PyObject *ga_py_matmul_stats(PyObject *module, PyObject *unused)
  * statistics. */
 static int run_gemm(ga_state *st, const ga_op *op, ga_matmul_desc *desc)
 {
-    desc->allow_tf32 = ga_op_allow_tf32();
+    if ((desc->allow_tf32 = ga_op_allow_tf32(st, op, desc->a.dtype, GA_TF32_MATMUL)) < 0)
+        return -1;
     desc->deterministic = ga_op_deterministic();
     ga_op_report report;
     memset(&report, 0, sizeof report);

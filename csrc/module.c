@@ -163,6 +163,12 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->torch_profiler_enabled);
     Py_VISIT(st->torch_record_enter);
     Py_VISIT(st->torch_record_exit);
+    Py_VISIT(st->torch_fp32_precision);
+    for (int k = 0; k < GA_TF32_OPS; k++) {
+        Py_VISIT(st->torch_fp32_args[k][0]);
+        Py_VISIT(st->torch_fp32_args[k][1]);
+        Py_VISIT(st->torch_allow_tf32[k]);
+    }
     Py_VISIT(st->str_requires_grad);
     for (int d = 0; d < GA_NUM_DTYPES; d++)
         Py_VISIT(st->torch_dtypes[d]);
@@ -202,6 +208,12 @@ static int module_clear(PyObject *module)
     Py_CLEAR(st->torch_profiler_enabled);
     Py_CLEAR(st->torch_record_enter);
     Py_CLEAR(st->torch_record_exit);
+    Py_CLEAR(st->torch_fp32_precision);
+    for (int k = 0; k < GA_TF32_OPS; k++) {
+        Py_CLEAR(st->torch_fp32_args[k][0]);
+        Py_CLEAR(st->torch_fp32_args[k][1]);
+        Py_CLEAR(st->torch_allow_tf32[k]);
+    }
     Py_CLEAR(st->str_requires_grad);
     st->torch_exchange_api = NULL;
     for (int d = 0; d < GA_NUM_DTYPES; d++)
@@ -311,9 +323,21 @@ static PyMethodDef module_methods[] = {
      "needs_weight_grad=True, needs_bias_grad=True, stream=None)\n\n(grad_x, grad_weight, "
      "grad_bias); relu needs y (or the pre-activation), gelu the pre-activation."},
     {"set_matmul_precision", ga_py_set_matmul_precision, METH_O,
-     "set_matmul_precision('highest' | 'high')\n\n'high' lets float32 matmuls and "
-     "convolutions use TF32 tensor cores, as torch.set_float32_matmul_precision does."},
-    {"get_matmul_precision", ga_py_get_matmul_precision, METH_NOARGS, NULL},
+     "set_matmul_precision('highest' | 'high' | 'medium' | None)\n\n'high' (and 'medium', "
+     "the same here) lets float32 matmuls and linears use TF32 tensor cores, as "
+     "torch.set_float32_matmul_precision does; None (the initial state) follows torch's "
+     "setting while torch is imported, else 'highest' (torch's default)."},
+    {"get_matmul_precision", ga_py_get_matmul_precision, METH_NOARGS,
+     "get_matmul_precision() -> str: the value set, or, following torch, 'high' or 'highest'."},
+    {"set_conv_allow_tf32", ga_py_set_conv_allow_tf32, METH_O,
+     "set_conv_allow_tf32(True | False | None)\n\nTrue lets float32 convolutions use TF32 "
+     "tensor cores (as torch.backends.cudnn.allow_tf32); None (the initial state) follows "
+     "torch's flag while torch is imported, else True (torch's default)."},
+    {"get_conv_allow_tf32", ga_py_get_conv_allow_tf32, METH_NOARGS,
+     "get_conv_allow_tf32() -> bool: whether float32 convolutions may use TF32 now."},
+    {"_tf32_state", ga_py_tf32_state, METH_O,
+     "_tf32_state('matmul' | 'conv') -> (allowed, source): TF32 for float32 CUDA ops and "
+     "where the setting comes from: 'gpuaccel', 'torch' or 'default'."},
     {"set_deterministic", ga_py_set_deterministic, METH_O,
      "set_deterministic(True | False)\n\nThe same bits for the same inputs (shapes, strides, "
      "pointer alignments), run after run and process after process, on the same GPU model with "

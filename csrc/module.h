@@ -31,6 +31,10 @@
 
 #include "../kernels/kernels.h"
 
+/* The ops whose float32 form may use TF32 tensor cores, each with its own
+ * setting (ops.c) and torch flag (torch.c). */
+typedef enum { GA_TF32_MATMUL, GA_TF32_CONV, GA_TF32_OPS } ga_tf32_op;
+
 /* Everything the module owns; reached from a type with
  * ga_state_from_type() or from the module with ga_state_from_module(). */
 typedef struct {
@@ -68,6 +72,13 @@ typedef struct {
     PyObject *torch_profiler_enabled;
     PyObject *torch_record_enter;
     PyObject *torch_record_exit;
+    /* torch's TF32 flags for float32 CUDA ops (torch.c), indexed by
+     * ga_tf32_op: torch._C._get_fp32_precision_getter with its arguments
+     * ("cuda", "matmul" | "conv"), or, for a torch without that API, the
+     * no-argument getters _get_cublas_allow_tf32 / _get_cudnn_allow_tf32 */
+    PyObject *torch_fp32_precision;
+    PyObject *torch_fp32_args[GA_TF32_OPS][2];
+    PyObject *torch_allow_tf32[GA_TF32_OPS];
     PyObject *str_requires_grad; /* "requires_grad" */
     /* interned names and constants of the DLPack exchange (a hot path) */
     PyObject *str_dlpack;                /* "__dlpack__" */

@@ -9,12 +9,18 @@
 
 #include "array.h"
 
-/* ---- settings: set_matmul_precision("high"), set_deterministic(True) */
-int ga_op_allow_tf32(void);
+/* ---- settings: set_matmul_precision("high"), set_conv_allow_tf32(False),
+ * set_deterministic(True) */
 int ga_op_deterministic(void);
 
 PyObject *ga_py_set_matmul_precision(PyObject *module, PyObject *arg);
 PyObject *ga_py_get_matmul_precision(PyObject *module, PyObject *unused);
+PyObject *ga_py_set_conv_allow_tf32(PyObject *module, PyObject *arg);
+PyObject *ga_py_get_conv_allow_tf32(PyObject *module, PyObject *unused);
+/* _tf32_state('matmul' | 'conv') -> (allowed, source): the TF32 setting of
+ * float32 CUDA ops and where it comes from: 'gpuaccel' (its setter),
+ * 'torch' (torch's flag), 'default' (torch's default, torch not imported). */
+PyObject *ga_py_tf32_state(PyObject *module, PyObject *arg);
 PyObject *ga_py_set_deterministic(PyObject *module, PyObject *arg);
 PyObject *ga_py_get_deterministic(PyObject *module, PyObject *unused);
 
@@ -83,6 +89,12 @@ typedef struct {
     const ga_stream *cuda_stream; /* &stream for a CUDA op, NULL for a CPU op */
     PyObject *stream_obj;         /* the stream as an object for copies (None on the CPU) */
 } ga_op;
+
+/* Whether the op's `which` GEMMs / convolutions on `dtype` may use TF32:
+ * 0 unless float32 on CUDA; then gpuaccel's setting when its setter was
+ * called, else torch's flag when torch is imported, else torch's default.
+ * -1 with torch's exception. */
+int ga_op_allow_tf32(ga_state *st, const ga_op *op, ga_dtype dtype, ga_tf32_op which);
 
 /* Loads an op's operands without copying (Arrays, torch tensors, anything
  * that exports DLPack or __cuda_array_interface__), checks that they are on

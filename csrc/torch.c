@@ -19,6 +19,38 @@
 
 #include "dlpack.h"
 
+/* torch's TF32 getters (see ga_torch_allow_tf32).  The fp32_precision
+ * getter is preferred: torch's kernels consult the same resolved value
+ * (Context::float32Precision(CUDA, op) == TF32), and the legacy getters
+ * raise once the new API has set a flag the legacy one cannot represent. */
+static void load_tf32_flags(ga_state *st, PyObject *torch)
+{
+    static const char *const ops[GA_TF32_OPS] = {
+        [GA_TF32_MATMUL] = "matmul", [GA_TF32_CONV] = "conv"};
+    static const char *const legacy[GA_TF32_OPS] = {
+        [GA_TF32_MATMUL] = "_get_cublas_allow_tf32", [GA_TF32_CONV] = "_get_cudnn_allow_tf32"};
+    Py_CLEAR(st->torch_fp32_precision); /* load_torch may run again if it failed */
+    for (int k = 0; k < GA_TF32_OPS; k++) {
+        Py_CLEAR(st->torch_fp32_args[k][0]);
+        Py_CLEAR(st->torch_fp32_args[k][1]);
+        Py_CLEAR(st->torch_allow_tf32[k]);
+    }
+    PyObject *torch_c = PyObject_GetAttrString(torch, "_C");
+    if (!torch_c) {
+        PyErr_Clear();
+        return;
+    }
+    st->torch_fp32_precision = PyObject_GetAttrString(torch_c, "_get_fp32_precision_getter");
+    for (int k = 0; k < GA_TF32_OPS && st->torch_fp32_precision; k++)
+        if (!(st->torch_fp32_args[k][0] = PyUnicode_InternFromString("cuda")) ||
+            !(st->torch_fp32_args[k][1] = PyUnicode_InternFromString(ops[k])))
+            Py_CLEAR(st->torch_fp32_precision);
+    for (int k = 0; k < GA_TF32_OPS && !st->torch_fp32_precision; k++)
+        st->torch_allow_tf32[k] = PyObject_GetAttrString(torch_c, legacy[k]);
+    PyErr_Clear();
+    Py_DECREF(torch_c);
+}
+
 /* 1 once torch is imported (its objects are then in the module state), 0
  * before. */
 static int load_torch(ga_state *st)
@@ -65,6 +97,7 @@ static int load_torch(ga_state *st)
     Py_XDECREF(c_autograd);
     Py_XDECREF(c_module);
     PyErr_Clear();
+    load_tf32_flags(st, torch);
     st->torch_is_neg = PyObject_GetAttrString(tensor, "is_neg");
     if (!st->torch_is_neg) { /* not the torch gpuaccel knows: no tensor is one */
         PyErr_Clear();
@@ -271,6 +304,30 @@ ArrayObject *ga_from_torch(ga_state *st, PyObject *t)
     ArrayObject *arr = wrap_resolved(st, resolved);
     Py_DECREF(resolved);
     return arr;
+}
+
+/* ----------------------------------------------------------- TF32 flags */
+
+int ga_torch_allow_tf32(ga_state *st, ga_tf32_op op, int *out)
+{
+    if (!load_torch(st))
+        return 0;
+    PyObject *r;
+    if (st->torch_fp32_precision) {
+        /* "tf32", "ieee" or "none" (nothing set anywhere: not TF32) */
+        r = PyObject_Vectorcall(st->torch_fp32_precision, st->torch_fp32_args[op], 2, NULL);
+        if (!r)
+            return -1;
+        *out = PyUnicode_Check(r) && PyUnicode_CompareWithASCIIString(r, "tf32") == 0;
+    } else if (st->torch_allow_tf32[op]) {
+        if (!(r = PyObject_CallNoArgs(st->torch_allow_tf32[op])))
+            return -1;
+        *out = r == Py_True;
+    } else {
+        return 0;
+    }
+    Py_DECREF(r);
+    return 1;
 }
 
 /* ------------------------------------------------------ profiler ranges */

@@ -34,6 +34,14 @@ ArrayObject *ga_from_torch(ga_state *st, PyObject *tensor);
  * untouched); -1 with torch's exception when asking failed. */
 int ga_torch_current_stream(ga_state *st, int device, ga_stream *out);
 
+/* torch's own TF32 flag for float32 CUDA `op` into *out (1: TF32 allowed):
+ * torch.backends.cuda.matmul.fp32_precision (what
+ * torch.set_float32_matmul_precision and ...matmul.allow_tf32 set) or
+ * torch.backends.cudnn.conv.fp32_precision (...cudnn.allow_tf32), read
+ * through C-level getters looked up once; 1.  0 when torch is not imported
+ * (*out untouched); -1 with torch's exception. */
+int ga_torch_allow_tf32(ga_state *st, ga_tf32_op op, int *out);
+
 /* A torch.profiler range named `name` (e.g. "gpuaccel::matmul") while
  * torch's profiler records: a handle for ga_torch_profile_end; Py_None
  * otherwise (torch not imported, or not profiling: one C call's cost).

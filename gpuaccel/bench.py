@@ -156,7 +156,9 @@ def bench_matmul(torch, device, full, sizes=None):
                  ("tf32", torch.float32, "high")]
     scale, unit = (1e9, "TFLOP/s") if device == "cuda" else (1e6, "GFLOP/s")
     rows = []
-    saved = ga.get_matmul_precision(), torch.backends.cuda.matmul.allow_tf32
+    # gpuaccel's own setting, or None when it follows torch's flag (set below too)
+    followed = ga._C._tf32_state("matmul")[1] != "gpuaccel"
+    saved = None if followed else ga.get_matmul_precision(), torch.backends.cuda.matmul.allow_tf32
     try:
         for label, dtype, precision in cases:
             ga.set_matmul_precision(precision)

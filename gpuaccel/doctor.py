@@ -92,7 +92,25 @@ def collect():
         facts["torch_sees_gpu"] = torch.cuda.is_available()
     except ImportError:
         pass
+    # after torch's import: while gpuaccel's setters are not called, torch's flags decide
+    facts["tf32"] = {op: dict(zip(("allowed", "source"), ga._C._tf32_state(op))) for op in ("matmul", "conv")}
     return facts
+
+
+_TF32_SOURCES = {
+    "matmul": {"gpuaccel": "gpuaccel.set_matmul_precision", "torch": "torch.get_float32_matmul_precision()",
+               "default": "torch's default"},
+    "conv": {"gpuaccel": "gpuaccel.set_conv_allow_tf32", "torch": "torch.backends.cudnn.allow_tf32",
+             "default": "torch's default"},
+}
+
+
+def _tf32_line(tf32):
+    """'float32 matmuls off (torch's default), convolutions on (...)': TF32 for float32 CUDA ops
+    and which setting decides it."""
+    return "float32 matmuls %s, convolutions %s" % tuple(
+        "%s (%s)" % ("on" if tf32[op]["allowed"] else "off", _TF32_SOURCES[op][tf32[op]["source"]])
+        for op in ("matmul", "conv"))
 
 
 def _cudnn_major(v):
@@ -143,8 +161,9 @@ def diagnose(f):
                             "first use" % (gpu["name"], cc),
                             "rebuild with GPUACCEL_CUDA_ARCH including %d for a faster start" % cc))
             if cc >= 80:
-                out.append((OK, "%s: TF32 and bfloat16 tensor cores available (gpuaccel.set_matmul_precision('high') "
-                            "enables TF32)" % gpu["name"], ""))
+                out.append((OK, "%s: TF32 and bfloat16 tensor cores available (float32 convolutions use TF32 "
+                            "by default, as torch's; set_matmul_precision('high'), gpuaccel's or torch's, enables "
+                            "it for matmuls)" % gpu["name"], ""))
             else:
                 out.append((WARNING, "%s (sm_%d) has no bfloat16 or TF32 tensor cores" % (gpu["name"], cc),
                             "train in float16 with a loss scaler (torch.amp.GradScaler) instead of bfloat16"))
@@ -209,6 +228,8 @@ def report(facts, findings):
             gpu["memory_gib"], gpu["multiprocessors"]))
     if not facts["gpus"]:
         lines.append("  GPUs        none visible")
+    if facts.get("tf32"):
+        lines.append("  TF32        %s" % _tf32_line(facts["tf32"]))
     lines.append("")
     marks = {ERROR: "ERROR  ", WARNING: "warning", OK: "ok     "}
     for level, what, fix in findings:

@@ -14,6 +14,7 @@ functions, importable as `helpers` through pyproject.toml's pythonpath):
 - a summary of the skipped tests grouped by reason, one line each (the
   short summary, `-rfEX` in pyproject.toml, lists only failures, errors
   and unexpected passes);
+- CUDA tests run float32 without TF32 (see _full_float32_on_cuda);
 - the fallback policy "raise" (GPUACCEL_FALLBACK, inherited by the
   scripts tests run): on a GPU, a cuBLASLt/cuDNN call that falls back for
   a reason that may hide a bug fails the test instead of passing on
@@ -65,6 +66,30 @@ def _seeded(request):
     if "torch" in sys.modules:
         sys.modules["torch"].manual_seed(seed)
     return seed
+
+
+@pytest.fixture(autouse=True)
+def _full_float32_on_cuda(request):
+    """CUDA tests compare float32 results with float32 tolerances: TF32 off
+    for gpuaccel's matmuls and convs (conv TF32 is on by default, as in
+    torch) and for torch's references, restored after.  Not for
+    test_precision.py, which tests the settings themselves."""
+    if request.node.get_closest_marker("cuda") is None or request.module.__name__ == "test_precision":
+        yield
+        return
+    torch = sys.modules.get("torch")
+    saved = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32) if torch else None
+    gpuaccel.set_matmul_precision("highest")
+    gpuaccel.set_conv_allow_tf32(False)
+    if torch:
+        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        gpuaccel.set_matmul_precision(None)
+        gpuaccel.set_conv_allow_tf32(None)
+        if torch:
+            torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 @pytest.fixture

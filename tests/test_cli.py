@@ -44,6 +44,19 @@ def test_doctor_on_this_machine_is_consistent_and_json_is_well_formed():
     assert facts["gpuaccel_built_with_cuda"] == ga.built_with_cuda()
     assert facts["cuda_available"] == ga.cuda_available()
     assert all(set(f) == {"level", "finding", "fix"} for f in data["findings"])
+    # torch is imported by doctor, nothing set: torch's flags decide, with its defaults
+    assert facts["tf32"] == {"matmul": {"allowed": False, "source": "torch"},
+                             "conv": {"allowed": True, "source": "torch"}}
+    assert ("TF32        float32 matmuls off (torch.get_float32_matmul_precision()), convolutions on "
+            "(torch.backends.cudnn.allow_tf32)") in text.stdout
+
+
+def test_doctor_names_where_each_tf32_setting_comes_from():
+    facts = consistent_gpu_machine()
+    facts["tf32"] = {"matmul": {"allowed": True, "source": "gpuaccel"}, "conv": {"allowed": True, "source": "default"}}
+    text = doctor.report(facts, doctor.diagnose(facts))
+    assert ("TF32        float32 matmuls on (gpuaccel.set_matmul_precision), convolutions on (torch's default)"
+            in text)
 
 
 def consistent_gpu_machine():

@@ -61,9 +61,12 @@ def pair(rng, shape, dtype):
 
 @pytest.fixture(autouse=True)
 def highest_precision():
+    # full float32 (the tolerances below are float32's): convs default to TF32, as torch's do
     ga.set_matmul_precision("highest")
+    ga.set_conv_allow_tf32(False)
     yield
-    ga.set_matmul_precision("highest")
+    ga.set_matmul_precision(None)
+    ga.set_conv_allow_tf32(None)
     ga.set_deterministic(False)
 
 

@@ -214,7 +214,8 @@ def test_settings_and_stats():
     assert ga.get_matmul_precision() == "high"
     ga.set_matmul_precision("highest")
     with pytest.raises(ValueError, match="'highest'"):
-        ga.set_matmul_precision("medium")
+        ga.set_matmul_precision("low")
+    ga.set_matmul_precision(None)
     assert ga.get_deterministic() is False
     ga.set_deterministic(True)
     assert ga.get_deterministic() is True
