@@ -74,7 +74,7 @@ def _full_float32_on_cuda(request):
     for gpuaccel's matmuls and convs (conv TF32 is on by default, as in
     torch) and for torch's references, restored after.  Not for
     test_precision.py, which tests the settings themselves."""
-    if request.node.get_closest_marker("cuda") is None or request.module.__name__ == "test_precision":
+    if request.node.get_closest_marker("cuda") is None or request.path.name == "test_precision.py":
         yield
         return
     torch = sys.modules.get("torch")
