@@ -713,3 +713,32 @@ def test_matmul_asks_cublaslt_only_for_what_it_documents(route, lt_enums, reason
             assert desc["bias_data_type"] == lt_enums[LT_TYPE[dtype]]
     # the plain GEMM the unfused route runs is always describable here
     assert reply["plain_call"]["described"] and reply["plain_call"]["desc_status"] is None
+
+
+# (statuses met in one search, floor, the reason reported, the status kept):
+# cuDNN's status families become conv.cu's fallback reasons, and a search
+# reports the most severe refusal it met, never less than its floor (a fused
+# graph without an engine is not_supported, the conv alone without one
+# no_engine)
+REFUSALS = [
+    ([3000], "GA_FALLBACK_NONE", "GA_FALLBACK_NOT_SUPPORTED", 3000),
+    ([3007, 2002], "GA_FALLBACK_NONE", "GA_FALLBACK_BAD_PARAM", 2002),
+    ([2000, 4001, 3000], "GA_FALLBACK_NONE", "GA_FALLBACK_COMPILATION", 4001),
+    ([1008, 2000], "GA_FALLBACK_NONE", "GA_FALLBACK_SUBLIBRARY", 1008),
+    ([-1], "GA_FALLBACK_NONE", "GA_FALLBACK_EXECUTION", -1),
+    ([0], "GA_FALLBACK_NONE", "GA_FALLBACK_NOT_SUPPORTED", 0),
+    ([3000], "GA_FALLBACK_NO_ENGINE", "GA_FALLBACK_NO_ENGINE", 3000),
+    ([3000, 2000], "GA_FALLBACK_NO_ENGINE", "GA_FALLBACK_BAD_PARAM", 2000),
+    ([], "GA_FALLBACK_NONE", "GA_FALLBACK_NONE", 0),
+]
+
+
+@pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
+def test_cudnn_refusals_become_fallback_reasons(reasons):
+    lines = ["probe=cudnn_refusal id=r%d statuses=%s floor=%d" % (i, ",".join(map(str, st)), reasons[floor])
+             for i, (st, floor, _, _) in enumerate(REFUSALS)]
+    _, replies = run_probe(lines)
+    for (statuses, _, want, status), reply in zip(REFUSALS, replies):
+        assert (reply["reason"], reply["status"]) == (reasons[want], status), (statuses, reply)
+        if statuses:
+            assert reply["text"] == "STATUS at call: refusal %d" % statuses.index(status)

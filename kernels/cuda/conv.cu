@@ -168,6 +168,52 @@ bool soft_failure(cudnnStatus_t s)
            s == CUDNN_STATUS_INTERNAL_ERROR_COMPILATION_FAILED;
 }
 
+/* Why a soft failure made a route fall back (kernels.h's reasons); the
+ * status of an unsupported ga_status is cuDNN's, or one of these two. */
+constexpr int kNoStatus = 0;   /* gpuaccel's own "no engine" */
+constexpr int kNoPlanRan = -1; /* plans finalized, none executed */
+ga_fallback_reason cudnn_reason(int status)
+{
+    if (status == kNoPlanRan)
+        return GA_FALLBACK_EXECUTION;
+    if (status == CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED)
+        return GA_FALLBACK_SUBLIBRARY;
+    if (status == CUDNN_STATUS_INTERNAL_ERROR_COMPILATION_FAILED)
+        return GA_FALLBACK_COMPILATION;
+    if (status / 1000 * 1000 == CUDNN_STATUS_BAD_PARAM)
+        return GA_FALLBACK_BAD_PARAM;
+    return GA_FALLBACK_NOT_SUPPORTED;
+}
+
+/* Why a route was not taken, kept across the attempts of a search: the
+ * most severe refusal met (its text copied, since cuDNN's message lives in
+ * a per-thread buffer that the next failure overwrites). */
+struct Refusal {
+    ga_fallback_reason reason = GA_FALLBACK_NONE;
+    int status = kNoStatus;
+    std::string text;
+
+    void keep(ga_fallback_reason why, int st, const char *what)
+    {
+        if (why <= reason)
+            return;
+        reason = why;
+        status = st;
+        text = what ? what : "";
+    }
+    /* an unsupported status: cuDNN's (or gpuaccel's own) reason and text */
+    void keep(const ga_status &st, ga_fallback_reason floor = GA_FALLBACK_NONE)
+    {
+        if (!is_unsupported(st))
+            return;
+        ga_fallback_reason why = cudnn_reason(st.code);
+        char text_buf[240];
+        snprintf(text_buf, sizeof text_buf, "%s%s%s: %s", st.name ? st.name : "",
+                 st.name ? " at " : "", st.call ? st.call : "cuDNN", st.message ? st.message : "");
+        keep(why > floor ? why : floor, st.code, text_buf);
+    }
+};
+
 ga_status finalize_status(cudnnStatus_t s, const char *call, const char *file, int line)
 {
     if (s == CUDNN_STATUS_SUCCESS)
@@ -725,7 +771,7 @@ ga_status engine_allowed(cudnnBackendDescriptor_t engine, const Problem &p, bool
 /* Finalizes a plan for `cfg`; *ok stays false when the config does not run
  * here or needs more workspace than there is (both normal outcomes). */
 ga_status finalize_plan(cudnnHandle_t handle, cudnnBackendDescriptor_t cfg, size_t ws_limit,
-                        Desc *plan, int64_t *workspace, bool *ok)
+                        Desc *plan, int64_t *workspace, bool *ok, Refusal *why = nullptr)
 {
     *ok = false;
     Desc d;
@@ -734,8 +780,13 @@ ga_status finalize_plan(cudnnHandle_t handle, cudnnBackendDescriptor_t cfg, size
     GA_SET(d.get(), CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
     GA_SET(d.get(), CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
            &cfg);
-    if (cudnnBackendFinalize(d.get()) != CUDNN_STATUS_SUCCESS) {
+    ga_cudnn_discard_last_error();
+    cudnnStatus_t fin = cudnnBackendFinalize(d.get());
+    if (fin != CUDNN_STATUS_SUCCESS) {
+        ga_status st = finalize_status(fin, "cudnnBackendFinalize(plan)", __FILE__, __LINE__);
         (void)cudaGetLastError();
+        if (why)
+            why->keep(st); /* a config that does not finalize: the next one is tried */
         return ga_ok();
     }
     int64_t n = 0, size = 0;
@@ -752,7 +803,8 @@ ga_status finalize_plan(cudnnHandle_t handle, cudnnBackendDescriptor_t cfg, size
 /* The heuristic's configs for `mode`, in its order, filtered by the notes
  * and the workspace, that finalize into plans: at most kMaxCandidates. */
 ga_status heuristic_plans(cudnnHandle_t handle, const std::shared_ptr<Graph> &g, const Problem &p,
-                          cudnnBackendHeurMode_t mode, std::vector<std::shared_ptr<ExecPlan>> *out)
+                          cudnnBackendHeurMode_t mode, std::vector<std::shared_ptr<ExecPlan>> *out,
+                          Refusal *why)
 {
     Desc heur;
     GA_TRY_STATUS(make_desc(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, &heur));
@@ -763,8 +815,10 @@ ga_status heuristic_plans(cudnnHandle_t handle, const std::shared_ptr<Graph> &g,
     ga_cudnn_discard_last_error();
     ga_status st = finalize_status(cudnnBackendFinalize(heur.get()), "cudnnBackendFinalize(heur)",
                                    __FILE__, __LINE__);
-    if (is_unsupported(st))
+    if (is_unsupported(st)) {
+        why->keep(st);
         return ga_ok(); /* this mode has nothing for the graph */
+    }
     GA_TRY_STATUS(st);
     int64_t count = 0;
     GA_CUDNN_TRY(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
@@ -809,7 +863,8 @@ ga_status heuristic_plans(cudnnHandle_t handle, const std::shared_ptr<Graph> &g,
         attempts++;
         auto ep = std::make_shared<ExecPlan>();
         bool ok = false;
-        GA_TRY_STATUS(finalize_plan(handle, cfg.get(), p.ws_size, &ep->plan, &ep->workspace, &ok));
+        GA_TRY_STATUS(
+            finalize_plan(handle, cfg.get(), p.ws_size, &ep->plan, &ep->workspace, &ok, why));
         if (!ok)
             continue;
         ep->graph = g;
@@ -993,7 +1048,9 @@ ga_status pick_plan(cudnnHandle_t handle, cudaStream_t s, const Problem &p,
             (void)cudaGetLastError();
     }
     if (alive.empty())
-        return CONV_UNSUPPORTED("no cuDNN plan for this graph ran");
+        return ga_status_make(GA_ERR_NOT_SUPPORTED, kNoPlanRan, "no plan ran",
+                              "cuDNN's plans for this graph finalized but none executed",
+                              "cudnnBackendExecute", __FILE__, __LINE__);
     *best = alive[0];
     if (!time_them || alive.size() == 1)
         return ga_ok();
@@ -1030,7 +1087,7 @@ ga_status pick_plan(cudnnHandle_t handle, cudaStream_t s, const Problem &p,
  * heuristic's order decides, so every process picks the same engine. */
 ga_status tune_graph(cudnnHandle_t handle, cudaStream_t s, const Problem &p, GraphKind kind,
                      const EngineChoice *preferred, std::shared_ptr<ExecPlan> *plan,
-                     EngineChoice *choice, bool *tuned)
+                     EngineChoice *choice, bool *tuned, Refusal *why)
 {
     *tuned = false;
     plan->reset();
@@ -1049,13 +1106,15 @@ ga_status tune_graph(cudnnHandle_t handle, cudaStream_t s, const Problem &p, Gra
     ga_status last = CONV_UNSUPPORTED("no cuDNN engine for this graph");
     for (cudnnBackendHeurMode_t mode : modes) {
         std::vector<std::shared_ptr<ExecPlan>> cands;
-        GA_TRY_STATUS(heuristic_plans(handle, g, p, mode, &cands));
+        GA_TRY_STATUS(heuristic_plans(handle, g, p, mode, &cands, why));
         if (cands.empty())
             continue;
         size_t best = 0;
         last = pick_plan(handle, s, p, cands, !p.geom.deterministic, &best, tuned);
-        if (is_unsupported(last))
+        if (is_unsupported(last)) {
+            why->keep(last);
             continue;
+        }
         GA_TRY_STATUS(last);
         GA_TRY_STATUS(describe_choice(*cands[best], choice));
         *plan = cands[best];
@@ -1072,6 +1131,7 @@ struct Entry {
     Route route = ROUTE_DIRECT;
     EngineChoice choice;
     std::string chosen;
+    Refusal why; /* why not the fused graph (or not cuDNN at all): every call reports it */
     std::mutex mutex;
     std::unordered_map<cudnnHandle_t, std::shared_ptr<ExecPlan>> plans;
 };
@@ -1203,26 +1263,44 @@ ga_status tune(cudnnHandle_t handle, cudaStream_t s, const Problem &p, const cha
      * engine last time: skip its search (runtime fusion may compile) */
     if (fused && !(has_pref && pref_route == ROUTE_UNFUSED)) {
         bool t = false;
+        Refusal why;
         ga_status st = tune_graph(handle, s, p, GRAPH_FUSED,
                                   has_pref && pref_route == ROUTE_GRAPH ? &pref : nullptr, plan,
-                                  &e->choice, &t);
+                                  &e->choice, &t, &why);
         *tuned = t;
         if (!st.error)
             e->route = ROUTE_GRAPH;
         else if (!is_unsupported(st))
             return st;
+        else {
+            /* a fused graph without an engine is a documented limit (runtime
+             * fusion is not everywhere); what else went wrong on the way is
+             * reported as itself */
+            why.keep(st, GA_FALLBACK_NOT_SUPPORTED);
+            e->why = why;
+        }
+    } else if (fused) {
+        e->why.keep(GA_FALLBACK_NOT_SUPPORTED, kNoStatus,
+                    "the fused graph was not searched: the tuning file's choice for this shape is "
+                    "the unfused route (its fused graph had no engine when it was tuned)");
     }
     if (!fused || e->route == ROUTE_DIRECT) {
         Route target = fused ? ROUTE_UNFUSED : ROUTE_GRAPH;
         bool t = false;
+        Refusal why;
         ga_status st =
             tune_graph(handle, s, p, GRAPH_CONV, has_pref && pref_route == target ? &pref : nullptr,
-                       plan, &e->choice, &t);
+                       plan, &e->choice, &t, &why);
         *tuned = *tuned || t;
         if (!st.error)
             e->route = target;
         else if (!is_unsupported(st))
             return st;
+        else {
+            /* not even the convolution alone: the direct kernels */
+            why.keep(st, GA_FALLBACK_NO_ENGINE);
+            e->why.keep(why.reason, why.status, why.text.c_str());
+        }
     }
     e->chosen = choice_string(e->route, e->choice);
     if (e->route != ROUTE_DIRECT)
@@ -1305,6 +1383,13 @@ ga_status run(int device, Problem &p, ga_stream stream, ga_conv_tuning *tuning)
         }
         route = entry->route;
         chosen = entry->chosen;
+        ga_op_report_fallback(&report, entry->why.reason, entry->why.status,
+                              entry->why.text.c_str());
+    } else {
+        ga_op_report_fallback(&report, GA_FALLBACK_LAYOUT, kNoStatus,
+                              "a tensor cuDNN cannot take as it is (a zero, negative or "
+                              "fractional stride, an empty dim, a misaligned pointer, or a filter "
+                              "of 2^31 elements or more): the direct kernels ran");
     }
     switch (route) {
     case ROUTE_GRAPH:
@@ -1319,6 +1404,9 @@ ga_status run(int device, Problem &p, ga_stream stream, ga_conv_tuning *tuning)
             /* the epilogue kernel turned this layout down: recompute it all */
             route = ROUTE_DIRECT;
             chosen = "direct";
+            ga_op_report_fallback(&report, GA_FALLBACK_LAYOUT, kNoStatus,
+                                  "the epilogue kernel cannot take this layout: the direct "
+                                  "kernels ran");
             st = run_direct(p, s);
         }
         GA_TRY_STATUS(st);

@@ -478,3 +478,22 @@ std::string probe_cudnn_last_error(const ProbeCase &c)
     o.string("left", last_error());
     return o.str();
 }
+
+/* What conv.cu makes of a sequence of refusals met in one search (the
+ * statuses in order; -1: plans that finalized but did not run): the
+ * reason it reports, with the status and text of the most severe. */
+std::string probe_cudnn_refusal(const ProbeCase &c)
+{
+    JsonObject o;
+    o.string("id", c.text("id"));
+    Refusal why;
+    std::vector<int64_t> statuses = c.integers("statuses");
+    for (size_t i = 0; i < statuses.size(); i++) {
+        std::string text = "refusal " + std::to_string(i);
+        ga_status st = ga_status_make(GA_ERR_NOT_SUPPORTED, (int)statuses[i], "STATUS",
+                                      text.c_str(), "call", __FILE__, __LINE__);
+        why.keep(st, (ga_fallback_reason)c.integer("floor", 0));
+    }
+    o.integer("reason", (int64_t)why.reason).integer("status", why.status).string("text", why.text);
+    return o.str();
+}

@@ -174,6 +174,8 @@ int main()
             reply = probe_matmul(c);
         else if (c.text("probe") == "cudnn_last_error")
             reply = probe_cudnn_last_error(c);
+        else if (c.text("probe") == "cudnn_refusal")
+            reply = probe_cudnn_refusal(c);
         else
             reply =
                 JsonObject().string("protocol_error", "unknown probe: " + c.text("probe")).str();

@@ -63,5 +63,6 @@ std::string json_status(const ga_status &st);
 std::string probe_conv(const ProbeCase &c);
 std::string probe_matmul(const ProbeCase &c);
 std::string probe_cudnn_last_error(const ProbeCase &c);
+std::string probe_cudnn_refusal(const ProbeCase &c);
 
 #endif
