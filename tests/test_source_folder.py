@@ -93,3 +93,15 @@ def test_the_import_notice_is_silenced_by_its_documented_filter(tmp_path):
     run = run_python("-c", "import warnings; warnings.filterwarnings('ignore', message='gpuaccel is a CPU-only build');"
                      " import gpuaccel")
     assert run.returncode == 0 and "CPU-only" not in run.stderr
+    # the filter the notice names silences the notice itself (on any machine: the
+    # notice is made here rather than by an import that qualifies for it)
+    import warnings
+
+    notice = _api.cpu_only_notice(False, "no nvcc found", True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warnings.warn(notice, RuntimeWarning, stacklevel=1)
+        warnings.filterwarnings("ignore", message="gpuaccel is a CPU-only build")
+        warnings.warn(notice, RuntimeWarning, stacklevel=1)
+    assert [str(w.message) for w in caught] == [notice]
+    assert "warnings.filterwarnings('ignore', message='gpuaccel is a CPU-only build')" in notice
