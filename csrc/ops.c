@@ -416,6 +416,27 @@ void *ga_op_workspace(ga_state *st, int device, ga_stream stream, size_t size)
         w->block = NULL;
     }
     if (!w->block || w->block->size < size) {
+        /* the allocation would be a node of the graph being captured,
+         * owned by it: not a workspace that later eager calls can use */
+        int capturing = 0;
+        ga_status cs = ga_cuda_stream_capturing(stream, &capturing);
+        if (cs.error || capturing) {
+            if (!w->block)
+                *w = workspaces[--nworkspaces];
+            if (cs.error)
+                return ga_raise(st, cs), NULL;
+            static char message[320];
+            char need[32];
+            snprintf(message, sizeof message,
+                     "the first cuBLASLt/cuDNN call on this stream needs a %s workspace, which "
+                     "cannot be allocated inside a CUDA graph capture; run one step eagerly on the "
+                     "stream that will be captured (a warm-up) before capturing",
+                     ga_format_bytes(size, need, sizeof need));
+            cs = ga_status_make(GA_ERR_CUDA, 900 /* cudaErrorStreamCaptureUnsupported */,
+                                "cudaErrorStreamCaptureUnsupported", message,
+                                "workspace allocation", __FILE__, __LINE__);
+            return ga_raise(st, cs), NULL;
+        }
         if (w->block)
             ga_block_free(w->block);
         w->block = ga_block_alloc(st, GA_MEM_DEVICE, device, size, stream);

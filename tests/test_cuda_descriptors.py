@@ -742,3 +742,21 @@ def test_cudnn_refusals_become_fallback_reasons(reasons):
         assert (reply["reason"], reply["status"]) == (reasons[want], status), (statuses, reply)
         if statuses:
             assert reply["text"] == "STATUS at call: refusal %d" % statuses.index(status)
+
+
+@pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
+def test_a_capturing_call_of_a_cold_problem_is_refused_before_any_setup():
+    # no device here: cudaStreamIsCapturing cannot tell, which conv.cu treats
+    # as a capture (issue 19 f)
+    cases = [ConvCase("cap-fwd", "float16", "nhwc", "fwd", GEOMETRIES[0], bias=True, act="gelu"),
+             ConvCase("cap-dgrad", "float32", "nchw", "bwd_data", GEOMETRIES[1]),
+             ConvCase("cap-wgrad", "bfloat16", "nhwc", "bwd_filter", GEOMETRIES[3])]
+    _, replies = run_probe([c.line() + " run=1" for c in cases])
+    for case, reply in zip(cases, replies):
+        st = reply["run_status"]
+        assert st is not None and st["name"] == "cudaErrorStreamCaptureUnsupported", (case.name, st)
+        assert st["call"] == "cudaStreamIsCapturing"
+        op = {"fwd": "conv2d: ", "bwd_data": "conv2d_backward (input gradient): ",
+              "bwd_filter": "conv2d_backward (weight gradient): "}[case.op]
+        assert st["message"].startswith(op) and "warm-up" in st["message"], st["message"]
+        assert reply["run_cache_lookups"] == 1 and reply["run_took_handle"] is False

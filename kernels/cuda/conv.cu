@@ -20,6 +20,13 @@
  *            float dtype.
  * The route and engine that worked are cached per problem (plan_cache.h),
  * failures included, so a problem pays for the search once per process.
+ * Why a problem did not get its fused graph is cached with it and
+ * reported on every call (ga_op_report.reason, see kernels.h).
+ *
+ * CUDA graph capture: a capturing call runs a plan this thread has ready,
+ * or the direct kernels; it never tunes (heuristics, finalization, trial
+ * runs, timing) inside the capture, and fails with a message asking for
+ * an eager warm-up step instead, before touching the stream.
  *
  * Threads: a cuDNN handle must not be used by two threads at once, and
  * cuDNN reports that execution plans are not safe to share between threads
@@ -270,6 +277,16 @@ struct ThreadHandles {
 };
 
 thread_local ThreadHandles t_handles;
+
+/* The handle the calling thread holds for `device`, or null (then
+ * thread_handle takes one). */
+cudnnHandle_t held_handle(int device)
+{
+    for (auto &h : t_handles.held)
+        if (h.first == device)
+            return h.second;
+    return nullptr;
+}
 
 /* The calling thread's handle for `device` (which is current). */
 ga_status thread_handle(int device, cudnnHandle_t *out)
@@ -1013,8 +1030,7 @@ class Event
     cudaEvent_t e_ = nullptr;
 };
 
-/* Nothing may run twice or wait inside a stream capture: a capturing
- * stream takes the heuristic's first choice untried. */
+/* Whether work queued on `s` is being captured into a CUDA graph. */
 bool stream_capturing(cudaStream_t s)
 {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
@@ -1023,6 +1039,29 @@ bool stream_capturing(cudaStream_t s)
         return true; /* cannot tell: be as careful as under capture */
     }
     return status != cudaStreamCaptureStatusNone;
+}
+
+/* Nothing that tunes may run inside a stream capture: the heuristics,
+ * plan finalization (which may compile and load modules), the trial runs
+ * and their timing (an event synchronization) would fail there or
+ * invalidate the user's capture.  So a capturing call needs its problem's
+ * plan ready for this thread; without one it fails here, before anything
+ * touches the stream, with what to do about it. */
+ga_status refuse_in_capture(const Problem &p, cudaStream_t s)
+{
+    if (!stream_capturing(s))
+        return ga_ok();
+    static const char *const ops[3] = {"conv2d", "conv2d_backward (input gradient)",
+                                       "conv2d_backward (weight gradient)"};
+    static thread_local char message[400];
+    snprintf(message, sizeof message,
+             "%s: this shape has no cuDNN plan on this thread yet, and choosing one cannot run "
+             "inside a CUDA graph capture; run one step with the same shapes, dtypes and layouts "
+             "eagerly on this thread before capturing (a warm-up, as torch.cuda.graphs asks)",
+             ops[p.op]);
+    return ga_status_make(GA_ERR_CUDA, (int)cudaErrorStreamCaptureUnsupported,
+                          "cudaErrorStreamCaptureUnsupported", message, "cudaStreamIsCapturing",
+                          __FILE__, __LINE__);
 }
 
 /* Picks the candidate to use.  Each runs once (a config that finalizes may
@@ -1036,8 +1075,6 @@ ga_status pick_plan(cudnnHandle_t handle, cudaStream_t s, const Problem &p,
 {
     *best = 0;
     *timed = false;
-    if (stream_capturing(s))
-        return ga_ok();
     Desc pack; /* the candidates share one graph, so one variant pack */
     GA_TRY_STATUS(make_variant_pack(*cands[0]->graph, p, &pack));
     std::vector<size_t> alive;
@@ -1220,6 +1257,14 @@ bool parse_choice(const char *text, Route *route, EngineChoice *c)
     }
 }
 
+/* This handle's plan for a cached choice when it has one already. */
+std::shared_ptr<ExecPlan> ready_plan(cudnnHandle_t handle, Entry &e)
+{
+    std::lock_guard<std::mutex> lock(e.mutex);
+    auto it = e.plans.find(handle);
+    return it != e.plans.end() ? it->second : nullptr;
+}
+
 /* This handle's plan for a cached choice, rebuilt (without tuning) the
  * first time a thread meets the problem. */
 ga_status entry_plan(cudnnHandle_t handle, const Problem &p, Entry &e,
@@ -1360,12 +1405,20 @@ ga_status run(int device, Problem &p, ga_stream stream, ga_conv_tuning *tuning)
     if (p.eligible) {
         /* the cache first, then cuDNN, then the exit hook: see mark_exiting */
         GaPlanCache &cache = ga_conv_plan_cache();
-        GA_TRY_STATUS(thread_handle(device, &handle));
-        register_exit_hook();
-        GA_CUDNN_TRY(cudnnSetStream(handle, cudnn_stream(s)));
         std::string key = make_key(device, p);
         std::shared_ptr<Entry> entry = std::static_pointer_cast<Entry>(cache.find(key));
-        if (entry && entry->route != ROUTE_DIRECT) {
+        handle = held_handle(device);
+        if (entry && entry->route != ROUTE_DIRECT && handle)
+            plan = ready_plan(handle, *entry);
+        /* anything but running a ready plan (or the direct kernels) is
+         * setup that a capture must not see */
+        if (!entry || (entry->route != ROUTE_DIRECT && !plan))
+            GA_TRY_STATUS(refuse_in_capture(p, s));
+        if (!handle)
+            GA_TRY_STATUS(thread_handle(device, &handle));
+        register_exit_hook();
+        GA_CUDNN_TRY(cudnnSetStream(handle, cudnn_stream(s)));
+        if (entry && entry->route != ROUTE_DIRECT && !plan) {
             ga_status st = entry_plan(handle, p, *entry, &plan);
             if (is_unsupported(st))
                 entry.reset(); /* tune again below */

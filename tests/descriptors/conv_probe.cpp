@@ -430,6 +430,19 @@ std::string probe_conv(const ProbeCase &c)
         graphs.push_back(graph_json(p, GRAPH_FUSED));
     o.raw("graphs", json_array(graphs));
     o.string("last_error_left", last_error());
+    if (c.integer("run", 0)) {
+        /* conv.cu's driver on a problem it has not met: with no device
+         * cudaStreamIsCapturing cannot tell, which conv.cu treats as a
+         * capture, so this shows what a capturing call of a cold problem
+         * gets — and that it gets it before any cuDNN handle or plan */
+        ga_conv_tuning tuning;
+        memset(&tuning, 0, sizeof tuning);
+        uint64_t before = ga_conv_plan_cache().misses();
+        ga_status st = run(0, p, (ga_stream)0, &tuning);
+        o.raw("run_status", json_status(st));
+        o.integer("run_cache_lookups", (int64_t)(ga_conv_plan_cache().misses() - before));
+        o.boolean("run_took_handle", held_handle(0) != nullptr);
+    }
     return o.str();
 }
 
