@@ -760,3 +760,13 @@ def test_a_capturing_call_of_a_cold_problem_is_refused_before_any_setup():
               "bwd_filter": "conv2d_backward (weight gradient): "}[case.op]
         assert st["message"].startswith(op) and "warm-up" in st["message"], st["message"]
         assert reply["run_cache_lookups"] == 1 and reply["run_took_handle"] is False
+
+
+@pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
+def test_a_search_is_bounded_across_both_heuristic_modes():
+    # issue 19 e: a first call finalizes (and may compile) at most 12 configs in all,
+    # stops at the plans it can use (6 timed; 2 when deterministic, untimed)
+    lines = ["probe=search_budget id=b%d deterministic=%d yield=%d" % (i, det, y)
+             for i, (det, y) in enumerate([(0, 1), (1, 1), (0, 0), (1, 0)])]
+    _, replies = run_probe(lines)
+    assert [(r["finalizations"], r["plans"]) for r in replies] == [(6, 6), (2, 2), (12, 0), (12, 0)]

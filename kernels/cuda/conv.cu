@@ -29,12 +29,17 @@
  * an eager warm-up step instead, before touching the stream.
  *
  * Threads: a cuDNN handle must not be used by two threads at once, and
- * cuDNN reports that execution plans are not safe to share between threads
- * either.  So each thread takes its own handle per device from a pool
- * (handles go back to the pool when the thread exits and are never
- * destroyed), and a cache entry keeps one finalized plan per handle: the
- * engine choice is shared by all threads, a plan only by the thread that
- * currently owns its handle.
+ * cuDNN's release notes (Limitations) do not promise that an execution plan
+ * is safe to share between threads for every engine — PyTorch keeps its
+ * cuDNN plan caches thread_local for that reason.  So each thread takes its
+ * own handle per device from a pool (handles go back to the pool when the
+ * thread exits and are never destroyed), and a cache entry keeps one
+ * finalized plan per handle: the engine choice (the search, the timing) is
+ * shared by all threads, so a new thread pays one finalization of the
+ * chosen config, not a search.  cuDNN's kernel cache would spare runtime
+ * fusion's recompilation in that finalization, but it works only for
+ * graphs marked dynamic-shape, which changes which engines apply to them:
+ * not done without a GPU to see the engines it leaves.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -44,6 +49,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <limits>
 #include <memory>
@@ -65,8 +71,14 @@ namespace
 
 /* ============================================================== limits */
 
+/* The first call of a shape pays for its search, and every finalization
+ * may compile a kernel (runtime fusion, NVRTC): the search is bounded by
+ * the plans it needs and by finalizations and time across both heuristic
+ * modes, not per mode. */
 constexpr int kMaxCandidates = 6;        /* plans timed per graph */
-constexpr int kMaxFinalizeAttempts = 16; /* finalizations tried per heuristic mode */
+constexpr int kMaxDeterministic = 2;     /* untimed: the first that runs is taken */
+constexpr int kMaxFinalizeAttempts = 12; /* finalizations per search, both modes */
+constexpr double kSearchSeconds = 2.0;   /* no new finalization once one plan is in hand */
 constexpr int64_t kMaxHeuristicResults = 64;
 constexpr int kTimedIterations = 3; /* after one warm-up run */
 constexpr int kMaxNotes = 64;       /* more than cuDNN defines, for newer versions */
@@ -191,6 +203,28 @@ ga_fallback_reason cudnn_reason(int status)
         return GA_FALLBACK_BAD_PARAM;
     return GA_FALLBACK_NOT_SUPPORTED;
 }
+
+/* What a search may still spend (see the limits above). */
+struct SearchBudget {
+    int finalizations = kMaxFinalizeAttempts;
+    int wanted = kMaxCandidates;
+    std::chrono::steady_clock::time_point deadline =
+        std::chrono::steady_clock::now() +
+        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+            std::chrono::duration<double>(kSearchSeconds));
+
+    explicit SearchBudget(bool deterministic)
+        : wanted(deterministic ? kMaxDeterministic : kMaxCandidates)
+    {
+    }
+    /* whether one more finalization is allowed with `have` plans in hand */
+    bool allows(int have) const
+    {
+        if (have >= wanted || finalizations <= 0)
+            return false;
+        return have == 0 || std::chrono::steady_clock::now() < deadline;
+    }
+};
 
 /* Why a route was not taken, kept across the attempts of a search: the
  * most severe refusal met (its text copied, since cuDNN's message lives in
@@ -821,7 +855,7 @@ ga_status finalize_plan(cudnnHandle_t handle, cudnnBackendDescriptor_t cfg, size
  * and the workspace, that finalize into plans: at most kMaxCandidates. */
 ga_status heuristic_plans(cudnnHandle_t handle, const std::shared_ptr<Graph> &g, const Problem &p,
                           cudnnBackendHeurMode_t mode, std::vector<std::shared_ptr<ExecPlan>> *out,
-                          Refusal *why)
+                          Refusal *why, SearchBudget *budget)
 {
     Desc heur;
     GA_TRY_STATUS(make_desc(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, &heur));
@@ -854,9 +888,8 @@ ga_status heuristic_plans(cudnnHandle_t handle, const std::shared_ptr<Graph> &g,
     GA_CUDNN_TRY(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
                                           CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got, raw.data()));
     got = std::min(got, count);
-    int attempts = 0;
     for (int64_t i = 0; i < got; i++) {
-        if ((int)out->size() >= kMaxCandidates || attempts >= kMaxFinalizeAttempts)
+        if (!budget->allows((int)out->size()))
             break;
         Desc &cfg = cfgs[(size_t)i];
         Desc engine;
@@ -877,7 +910,7 @@ ga_status heuristic_plans(cudnnHandle_t handle, const std::shared_ptr<Graph> &g,
                                      CUDNN_TYPE_INT64, 1, &n, &cfg_ws) == CUDNN_STATUS_SUCCESS &&
             (cfg_ws < 0 || (uint64_t)cfg_ws > (uint64_t)p.ws_size))
             continue;
-        attempts++;
+        budget->finalizations--;
         auto ep = std::make_shared<ExecPlan>();
         bool ok = false;
         GA_TRY_STATUS(
@@ -1141,9 +1174,10 @@ ga_status tune_graph(cudnnHandle_t handle, cudaStream_t s, const Problem &p, Gra
      * finalizes or none of them launches here */
     const cudnnBackendHeurMode_t modes[] = {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK};
     ga_status last = CONV_UNSUPPORTED("no cuDNN engine for this graph");
+    SearchBudget budget(p.geom.deterministic != 0);
     for (cudnnBackendHeurMode_t mode : modes) {
         std::vector<std::shared_ptr<ExecPlan>> cands;
-        GA_TRY_STATUS(heuristic_plans(handle, g, p, mode, &cands, why));
+        GA_TRY_STATUS(heuristic_plans(handle, g, p, mode, &cands, why, &budget));
         if (cands.empty())
             continue;
         size_t best = 0;

@@ -510,3 +510,21 @@ std::string probe_cudnn_refusal(const ProbeCase &c)
     o.integer("reason", (int64_t)why.reason).integer("status", why.status).string("text", why.text);
     return o.str();
 }
+
+/* conv.cu's search bound: how many finalizations a search makes when every
+ * one yields a plan (`yield=1`) or none does, deterministic or timed. */
+std::string probe_search_budget(const ProbeCase &c)
+{
+    JsonObject o;
+    o.string("id", c.text("id"));
+    SearchBudget budget(c.integer("deterministic", 0) != 0);
+    int plans = 0, finalizations = 0;
+    bool yield = c.integer("yield", 1) != 0;
+    while (budget.allows(plans) && finalizations < 1000) {
+        budget.finalizations--;
+        finalizations++;
+        plans += yield;
+    }
+    o.integer("finalizations", finalizations).integer("plans", plans);
+    return o.str();
+}

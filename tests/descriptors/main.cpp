@@ -208,6 +208,8 @@ int main()
             reply = probe_cudnn_last_error(c);
         else if (c.text("probe") == "cudnn_refusal")
             reply = probe_cudnn_refusal(c);
+        else if (c.text("probe") == "search_budget")
+            reply = probe_search_budget(c);
         else
             reply =
                 JsonObject().string("protocol_error", "unknown probe: " + c.text("probe")).str();
