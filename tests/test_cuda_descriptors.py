@@ -369,7 +369,11 @@ def check_tensor(g, t, dims, strides, data_type, virtual):
     return uid
 
 
-def check_conv_graph(case, g, fused):
+def check_conv_graph(case, g, kind):
+    """kind: "conv" (the convolution alone), "fused" (conv [-> add bias] [->
+    act]) or "split" (conv -> add bias into the saved pre-activation, or y;
+    the activation runs after it)."""
+    fused = kind == "fused"
     e = g.e
     comp = "CUDNN_DATA_DOUBLE" if case.dtype == "float64" else "CUDNN_DATA_FLOAT"
     io = IO_TYPE[case.dtype]
@@ -380,7 +384,7 @@ def check_conv_graph(case, g, fused):
     assert [d["id"] for d in op_graphs] == [g.reply["op_graph"]]
     ops = [g.descs[i] for i in g.value(op_graphs[0], "CUDNN_ATTR_OPERATIONGRAPH_OPS",
                                        "CUDNN_TYPE_BACKEND_DESCRIPTOR")]
-    expected_ops = 1 + (fused and case.bias) + (fused and case.act != "none")
+    expected_ops = 1 + (fused and case.bias) + (fused and case.act != "none") + (kind == "split")
     assert len(ops) == expected_ops
 
     # the convolution itself
@@ -427,8 +431,19 @@ def check_conv_graph(case, g, fused):
     x, w, y = (g.linked(conv_op, prefix + r) for r in roles)
     real("x", x)
     real("w", w)
-    if not fused:
+    if kind == "conv":
         real("y", y)
+    elif kind == "split":
+        # conv -> c (virtual) -> c + bias -> the pre-activation when saved, else y
+        virtual(y)
+        (add,) = ops[1:]
+        assert add["type"] == e["CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR"]
+        assert g.linked(add, "CUDNN_ATTR_OPERATION_POINTWISE_XDESC")["id"] == y["id"]
+        pw = g.linked(add, "CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR")
+        assert g.one(pw, "CUDNN_ATTR_POINTWISE_MODE", "CUDNN_TYPE_POINTWISE_MODE") == e["CUDNN_POINTWISE_ADD"]
+        assert g.one(pw, "CUDNN_ATTR_POINTWISE_MATH_PREC", "CUDNN_TYPE_DATA_TYPE") == e[comp]
+        real("bias", g.linked(add, "CUDNN_ATTR_OPERATION_POINTWISE_BDESC"))
+        real("preact" if case.preact else "y", g.linked(add, "CUDNN_ATTR_OPERATION_POINTWISE_YDESC"))
     else:
         # conv -> c [-> c + bias -> z] [-> act(z) -> y]; the activation's
         # input is the real preact tensor when it is saved
@@ -493,13 +508,14 @@ def test_conv_graphs_describe_the_convolution(conv_replies, cudnn_enums, capsys)
         assert reply["eligible"] and reply["nhwc"] == case.nhwc, (case.name, reply)
         assert reply["has_epilogue"] == case.fused
         kinds = [g["kind"] for g in reply["graphs"]]
-        assert kinds == (["conv", "fused"] if case.fused else ["conv"]), case.name
+        split = case.op == "fwd" and case.bias and case.act != "none"
+        assert kinds == ["conv"] + ["fused"] * case.fused + ["split"] * split, case.name
         for graph in reply["graphs"]:
             if graph["status"] is not None:
                 failures.append("%s %s graph: %s" % (case.name, graph["kind"], graph["status"]))
                 continue
             try:
-                check_conv_graph(case, Graph(graph, cudnn_enums), graph["kind"] == "fused")
+                check_conv_graph(case, Graph(graph, cudnn_enums), graph["kind"])
             except AssertionError as err:
                 failures.append("%s %s graph: %s" % (case.name, graph["kind"], err))
             rows.append((case.name, graph["kind"], graph["heuristics_a"]))
@@ -510,6 +526,17 @@ def test_conv_graphs_describe_the_convolution(conv_replies, cudnn_enums, capsys)
     # engines for every plain convolution gpuaccel asks for
     empty = [(name, heur) for name, kind, heur in rows if kind == "conv" and not heur.get("offered")]
     assert not empty, empty
+    # issue 19 b: conv -> add -> GELU (saved pre-activation or not) fuses only
+    # on runtime-fusion engines (1-2 configs offered here); conv -> add, the
+    # split route's graph, on as many as the convolution alone
+    offered = {(name, kind): heur.get("offered", 0) for name, kind, heur in rows}
+    for case in CONV_CASES:
+        if (case.name, "split") not in offered:
+            continue
+        split, conv = offered[case.name, "split"], offered[case.name, "conv"]
+        assert split == conv, (case.name, split, conv)
+        if case.act == "gelu" and case.dtype in ("float16", "bfloat16"):
+            assert split >= 10 and split > 4 * offered[case.name, "fused"], (case.name, offered)
 
 
 @pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
@@ -770,3 +797,15 @@ def test_a_search_is_bounded_across_both_heuristic_modes():
              for i, (det, y) in enumerate([(0, 1), (1, 1), (0, 0), (1, 0)])]
     _, replies = run_probe(lines)
     assert [(r["finalizations"], r["plans"]) for r in replies] == [(6, 6), (2, 2), (12, 0), (12, 0)]
+
+
+@pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
+def test_persisted_choices_name_their_route():
+    # the tuning file's strings: the split route (issue 19 b) is kept apart from the others
+    texts = {"eng12:k1=0,k3=2": 0, "unfused:eng3": 1, "direct": 2, "split:eng7:k2=1": 3}
+    bad = ["split:", "split:direct", "eng", "fused:eng1", "eng1:k2", "split:eng-1"]
+    lines = ["probe=choice id=c%d text=%s" % (i, t) for i, t in enumerate(list(texts) + bad)]
+    _, replies = run_probe(lines)
+    for text, reply in zip(texts, replies):
+        assert reply["parsed"] and reply["route"] == texts[text] and reply["written"] == text, reply
+    assert not any(r["parsed"] for r in replies[len(texts):]), replies[len(texts):]

@@ -12,6 +12,13 @@
  *
  * Routes, tried in this order until one works:
  *   graph    the requested graph (the fused one when there is an epilogue);
+ *   split    (bias and an activation) conv + bias as the graph, into the
+ *            pre-activation (or y), then the activation by
+ *            ga_cuda_bias_activation: conv -> add -> act fuses only on
+ *            runtime-fusion engines for GELU (cuDNN's conv-bias-activation
+ *            engines know ReLU and identity), while conv -> add fuses on as
+ *            many engines as the conv alone — and a saved pre-activation is
+ *            written once either way;
  *   unfused  conv-only graph into y, then ga_cuda_bias_activation (fused
  *            graphs need runtime-fusion engines, which many layouts,
  *            dtypes and GPUs lack);
@@ -89,8 +96,8 @@ constexpr int kMaxNotes = 64;       /* more than cuDNN defines, for newer versio
 constexpr int64_t kUidX = 1, kUidW = 2, kUidY = 3, kUidBias = 4, kUidPreact = 5;
 constexpr int64_t kUidConvOut = 101, kUidAddOut = 102; /* virtual */
 
-enum GraphKind { GRAPH_CONV = 0, GRAPH_FUSED = 1 };
-enum Route { ROUTE_GRAPH = 0, ROUTE_UNFUSED = 1, ROUTE_DIRECT = 2 };
+enum GraphKind { GRAPH_CONV = 0, GRAPH_FUSED = 1, GRAPH_BIAS = 2 };
+enum Route { ROUTE_GRAPH = 0, ROUTE_UNFUSED = 1, ROUTE_DIRECT = 2, ROUTE_SPLIT = 3 };
 
 /* ==================================================== backend descriptors */
 
@@ -390,6 +397,13 @@ struct Problem {
 bool has_epilogue(const Problem &p)
 {
     return p.op == GA_CONV_FWD && (p.has_bias || p.act != GA_ACT_NONE);
+}
+
+/* Whether the split route applies: a bias for the graph and an
+ * activation for the kernel after it. */
+bool can_split(const Problem &p)
+{
+    return p.op == GA_CONV_FWD && p.has_bias && p.act != GA_ACT_NONE;
 }
 
 int64_t pointer_alignment(const void *p)
@@ -726,11 +740,27 @@ ga_status build_graph(cudnnHandle_t handle, const Problem &p, GraphKind kind,
     cudnnBackendDescriptor_t x = nullptr, w = nullptr, y = nullptr;
     GA_TRY_STATUS(add_real_tensor(*g, kUidX, p, p.x, &x));
     GA_TRY_STATUS(add_real_tensor(*g, kUidW, p, p.w, &w));
-    GA_TRY_STATUS(add_real_tensor(*g, kUidY, p, p.y, &y));
+    /* every tensor of the graph is an operand of its ops (the variant pack
+     * names exactly those): the split graph with a saved pre-activation
+     * writes that, not y */
+    if (!(kind == GRAPH_BIAS && p.has_preact))
+        GA_TRY_STATUS(add_real_tensor(*g, kUidY, p, p.y, &y));
     std::vector<cudnnBackendDescriptor_t> ops;
     cudnnBackendDescriptor_t op = nullptr;
     if (kind == GRAPH_CONV) {
         GA_TRY_STATUS(add_conv(*g, p, x, w, y, &op));
+        ops.push_back(op);
+    } else if (kind == GRAPH_BIAS) {
+        /* conv(x, w) -> c (virtual) -> c + bias -> z, z the saved
+         * pre-activation when there is one, else y (activated in place) */
+        cudnnBackendDescriptor_t c = nullptr, b = nullptr, z = y;
+        if (p.has_preact)
+            GA_TRY_STATUS(add_real_tensor(*g, kUidPreact, p, p.preact, &z));
+        GA_TRY_STATUS(add_virtual_tensor(*g, kUidConvOut, p, &c));
+        GA_TRY_STATUS(add_conv(*g, p, x, w, c, &op));
+        ops.push_back(op);
+        GA_TRY_STATUS(add_real_tensor(*g, kUidBias, p, p.bias, &b));
+        GA_TRY_STATUS(add_pointwise(*g, p, CUDNN_POINTWISE_ADD, c, b, z, &op));
         ops.push_back(op);
     } else {
         bool act = p.act != GA_ACT_NONE;
@@ -1214,7 +1244,7 @@ std::string choice_string(Route route, const EngineChoice &c)
     if (route == ROUTE_DIRECT)
         return "direct";
     char buf[64];
-    std::string s = route == ROUTE_UNFUSED ? "unfused:" : "";
+    std::string s = route == ROUTE_UNFUSED ? "unfused:" : route == ROUTE_SPLIT ? "split:" : "";
     snprintf(buf, sizeof buf, "eng%lld", (long long)c.engine);
     s += buf;
     for (size_t i = 0; i < c.knobs.size(); i++) {
@@ -1258,6 +1288,9 @@ bool parse_choice(const char *text, Route *route, EngineChoice *c)
     if (s.compare(0, 8, "unfused:") == 0) {
         *route = ROUTE_UNFUSED;
         pos = 8;
+    } else if (s.compare(0, 6, "split:") == 0) {
+        *route = ROUTE_SPLIT;
+        pos = 6;
     }
     if (s.compare(pos, 3, "eng") != 0)
         return false;
@@ -1313,7 +1346,9 @@ ga_status entry_plan(cudnnHandle_t handle, const Problem &p, Entry &e,
         }
     }
     /* no lock while building: only this thread uses this handle */
-    GraphKind kind = e.route == ROUTE_GRAPH && has_epilogue(p) ? GRAPH_FUSED : GRAPH_CONV;
+    GraphKind kind = e.route == ROUTE_SPLIT                      ? GRAPH_BIAS
+                     : e.route == ROUTE_GRAPH && has_epilogue(p) ? GRAPH_FUSED
+                                                                 : GRAPH_CONV;
     std::shared_ptr<Graph> g;
     GA_TRY_STATUS(build_graph(handle, p, kind, &g));
     GA_TRY_STATUS(plan_from_choice(handle, g, p, e.choice, out));
@@ -1338,9 +1373,11 @@ ga_status tune(cudnnHandle_t handle, cudaStream_t s, const Problem &p, const cha
     auto e = std::make_shared<Entry>();
     bool fused = has_epilogue(p);
     *tuned = false;
-    /* a preference for the unfused route says the fused graph found no
-     * engine last time: skip its search (runtime fusion may compile) */
-    if (fused && !(has_pref && pref_route == ROUTE_UNFUSED)) {
+    /* a preference for the split or unfused route says the fused graph
+     * found no engine last time: skip its search (runtime fusion may
+     * compile) */
+    bool fused_refused = has_pref && (pref_route == ROUTE_UNFUSED || pref_route == ROUTE_SPLIT);
+    if (fused && !fused_refused) {
         bool t = false;
         Refusal why;
         ga_status st = tune_graph(handle, s, p, GRAPH_FUSED,
@@ -1361,7 +1398,23 @@ ga_status tune(cudnnHandle_t handle, cudaStream_t s, const Problem &p, const cha
     } else if (fused) {
         e->why.keep(GA_FALLBACK_NOT_SUPPORTED, kNoStatus,
                     "the fused graph was not searched: the tuning file's choice for this shape is "
-                    "the unfused route (its fused graph had no engine when it was tuned)");
+                    "a partly fused route (its fused graph had no engine when it was tuned)");
+    }
+    if (can_split(p) && e->route == ROUTE_DIRECT && !(has_pref && pref_route == ROUTE_UNFUSED)) {
+        bool t = false;
+        Refusal why;
+        ga_status st = tune_graph(handle, s, p, GRAPH_BIAS,
+                                  has_pref && pref_route == ROUTE_SPLIT ? &pref : nullptr, plan,
+                                  &e->choice, &t, &why);
+        *tuned = *tuned || t;
+        if (!st.error)
+            e->route = ROUTE_SPLIT;
+        else if (!is_unsupported(st))
+            return st;
+        else {
+            why.keep(st, GA_FALLBACK_NOT_SUPPORTED);
+            e->why.keep(why.reason, why.status, why.text.c_str());
+        }
     }
     if (!fused || e->route == ROUTE_DIRECT) {
         Route target = fused ? ROUTE_UNFUSED : ROUTE_GRAPH;
@@ -1410,6 +1463,21 @@ ga_status run_epilogue(int device, const Problem &p, ga_stream stream)
     if (p.has_preact)
         d.preact = *p.tpreact;
     d.bias = p.has_bias ? p.bias.data : nullptr;
+    d.bias_dtype = p.dtype;
+    d.channel_dim = 1;
+    d.activation = p.act;
+    return ga_cuda_bias_activation(device, &d, stream);
+}
+
+/* The split route's second half: y = act(z), z being the saved
+ * pre-activation the graph wrote (or y itself, in place). */
+ga_status run_activation(int device, const Problem &p, ga_stream stream)
+{
+    ga_bias_act_desc d;
+    memset(&d, 0, sizeof d);
+    d.x = p.has_preact ? *p.tpreact : *p.ty;
+    d.y = *p.ty;
+    d.bias = nullptr;
     d.bias_dtype = p.dtype;
     d.channel_dim = 1;
     d.activation = p.act;
@@ -1484,9 +1552,11 @@ ga_status run(int device, Problem &p, ga_stream stream, ga_conv_tuning *tuning)
         if (p.op == GA_CONV_FWD && p.has_preact && p.act == GA_ACT_NONE)
             GA_TRY_STATUS(ga_cuda_copy(device, p.tpreact, p.ty, stream)); /* z is y */
         break;
+    case ROUTE_SPLIT:
     case ROUTE_UNFUSED: {
         GA_TRY_STATUS(execute_plan(handle, *plan, p));
-        ga_status st = run_epilogue(device, p, stream);
+        ga_status st = route == ROUTE_SPLIT ? run_activation(device, p, stream)
+                                            : run_epilogue(device, p, stream);
         if (is_unsupported(st)) {
             /* the epilogue kernel turned this layout down: recompute it all */
             route = ROUTE_DIRECT;

@@ -330,7 +330,7 @@ template <typename F> ga_status recorded(F &&build)
 std::string graph_json(const Problem &p, GraphKind kind)
 {
     JsonObject o;
-    o.string("kind", kind == GRAPH_FUSED ? "fused" : "conv");
+    o.string("kind", kind == GRAPH_FUSED ? "fused" : kind == GRAPH_BIAS ? "split" : "conv");
     std::shared_ptr<Graph> g;
     ga_status st = recorded([&] { return build_graph(nullptr, p, kind, &g); });
     o.raw("status", json_status(st));
@@ -428,6 +428,8 @@ std::string probe_conv(const ProbeCase &c)
     graphs.push_back(graph_json(p, GRAPH_CONV));
     if (has_epilogue(p))
         graphs.push_back(graph_json(p, GRAPH_FUSED));
+    if (can_split(p))
+        graphs.push_back(graph_json(p, GRAPH_BIAS));
     o.raw("graphs", json_array(graphs));
     o.string("last_error_left", last_error());
     if (c.integer("run", 0)) {
@@ -526,5 +528,19 @@ std::string probe_search_budget(const ProbeCase &c)
         plans += yield;
     }
     o.integer("finalizations", finalizations).integer("plans", plans);
+    return o.str();
+}
+
+/* conv.cu's persisted engine choice: `text` parsed, and written again. */
+std::string probe_choice(const ProbeCase &c)
+{
+    JsonObject o;
+    o.string("id", c.text("id"));
+    Route route = ROUTE_DIRECT;
+    EngineChoice choice;
+    bool ok = parse_choice(c.text("text").c_str(), &route, &choice);
+    o.boolean("parsed", ok);
+    if (ok)
+        o.integer("route", (int64_t)route).string("written", choice_string(route, choice));
     return o.str();
 }

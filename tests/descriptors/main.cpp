@@ -210,6 +210,8 @@ int main()
             reply = probe_cudnn_refusal(c);
         else if (c.text("probe") == "search_budget")
             reply = probe_search_budget(c);
+        else if (c.text("probe") == "choice")
+            reply = probe_choice(c);
         else
             reply =
                 JsonObject().string("protocol_error", "unknown probe: " + c.text("probe")).str();

@@ -65,5 +65,6 @@ std::string probe_matmul(const ProbeCase &c);
 std::string probe_cudnn_last_error(const ProbeCase &c);
 std::string probe_cudnn_refusal(const ProbeCase &c);
 std::string probe_search_budget(const ProbeCase &c);
+std::string probe_choice(const ProbeCase &c);
 
 #endif
