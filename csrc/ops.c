@@ -425,8 +425,8 @@ void *ga_op_workspace(ga_state *st, int device, ga_stream stream, size_t size)
                 *w = workspaces[--nworkspaces];
             if (cs.error)
                 return ga_raise(st, cs), NULL;
-            static char message[320];
-            char need[32];
+            /* ga_raise copies the message into the exception at once */
+            char message[320], need[32];
             snprintf(message, sizeof message,
                      "the first cuBLASLt/cuDNN call on this stream needs a %s workspace, which "
                      "cannot be allocated inside a CUDA graph capture; run one step eagerly on the "

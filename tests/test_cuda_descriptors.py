@@ -790,6 +790,20 @@ def test_a_capturing_call_of_a_cold_problem_is_refused_before_any_setup():
 
 
 @pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
+def test_a_problem_cached_as_direct_runs_without_cudnn_even_when_capturing():
+    # the direct kernels need no cuDNN handle: none is created (cudnnCreate,
+    # which fails here without a device, would allocate inside a capture)
+    cases = [ConvCase("direct-fwd", "float16", "nhwc", "fwd", GEOMETRIES[0], bias=True, act="gelu"),
+             ConvCase("direct-wgrad", "float32", "nchw", "bwd_filter", GEOMETRIES[1])]
+    _, replies = run_probe([c.line() + " run=1 cached=direct" for c in cases])
+    for case, reply in zip(cases, replies):
+        st = reply["run_status"]
+        # the probe's stand-in for the direct kernels answered: nothing failed before them
+        assert st is not None and st["call"] == "ga_conv_direct", (case.name, st)
+        assert reply["run_cache_lookups"] == 0 and reply["run_took_handle"] is False
+
+
+@pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
 def test_a_search_is_bounded_across_both_heuristic_modes():
     # issue 19 e: a first call finalizes (and may compile) at most 12 configs in all,
     # stops at the plans it can use (6 timed; 2 when deterministic, untimed)

@@ -1509,18 +1509,23 @@ ga_status run(int device, Problem &p, ga_stream stream, ga_conv_tuning *tuning)
         GaPlanCache &cache = ga_conv_plan_cache();
         std::string key = make_key(device, p);
         std::shared_ptr<Entry> entry = std::static_pointer_cast<Entry>(cache.find(key));
-        handle = held_handle(device);
-        if (entry && entry->route != ROUTE_DIRECT && handle)
+        /* a problem cached as "direct" needs nothing of cuDNN: no handle
+         * (whose creation allocates, which a capture must not see either) */
+        bool direct = entry && entry->route == ROUTE_DIRECT;
+        handle = direct ? nullptr : held_handle(device);
+        if (entry && !direct && handle)
             plan = ready_plan(handle, *entry);
         /* anything but running a ready plan (or the direct kernels) is
          * setup that a capture must not see */
-        if (!entry || (entry->route != ROUTE_DIRECT && !plan))
+        if (!direct && !plan)
             GA_TRY_STATUS(refuse_in_capture(p, s));
-        if (!handle)
+        if (!direct && !handle)
             GA_TRY_STATUS(thread_handle(device, &handle));
-        register_exit_hook();
-        GA_CUDNN_TRY(cudnnSetStream(handle, cudnn_stream(s)));
-        if (entry && entry->route != ROUTE_DIRECT && !plan) {
+        if (!direct) {
+            register_exit_hook();
+            GA_CUDNN_TRY(cudnnSetStream(handle, cudnn_stream(s)));
+        }
+        if (entry && !direct && !plan) {
             ga_status st = entry_plan(handle, p, *entry, &plan);
             if (is_unsupported(st))
                 entry.reset(); /* tune again below */
