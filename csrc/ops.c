@@ -321,21 +321,19 @@ static int apply_fallback_policy(ga_state *st, ga_op_counters *c, const char *op
 
 /* ---------------------------------------------------------- statistics */
 
-int ga_op_count(ga_state *st, ga_op_counters *c, const char *op, int cuda,
-                const ga_op_report *report)
+void ga_op_count(ga_op_counters *c, const char *op, int cuda, const ga_op_report *report)
 {
-    (void)st;
     c->calls++;
     if (!cuda) {
         c->cpu_calls++;
-        return 0;
+        return;
     }
     c->cuda_calls++;
     c->fused += report->fused;
     c->fallback += report->fallback;
     c->tuned += report->tuned;
     if (report->reason <= GA_FALLBACK_NONE || report->reason >= GA_FALLBACK_REASON_COUNT)
-        return 0;
+        return;
     c->reasons[report->reason]++;
     if (report->reason >= GA_FALLBACK_NO_ENGINE && fallback_policy != POLICY_ALLOW &&
         (!pending.counters || report->reason > pending.report.reason)) {
@@ -343,7 +341,6 @@ int ga_op_count(ga_state *st, ga_op_counters *c, const char *op, int cuda,
         pending.op = op;
         pending.report = *report;
     }
-    return 0;
 }
 
 PyObject *ga_op_settle_fallbacks(ga_state *st, PyObject *result)

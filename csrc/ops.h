@@ -43,9 +43,8 @@ typedef struct {
 
 /* Counts a call on the CPU or, with what the backend reported, on CUDA,
  * and notes a fallback the policy covers for ga_op_settle_fallbacks (`op`
- * names the op in its message).  0; -1 is kept for an exception set. */
-int ga_op_count(ga_state *st, ga_op_counters *counters, const char *op, int cuda,
-                const ga_op_report *report);
+ * names the op in its message). */
+void ga_op_count(ga_op_counters *counters, const char *op, int cuda, const ga_op_report *report);
 /* At the end of an op (every path): answers the fallback its calls noted —
  * a FallbackWarning once per counters (op family) and reason, or
  * FallbackError — and returns `result`, or NULL (result released) when

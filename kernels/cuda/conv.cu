@@ -1373,67 +1373,43 @@ ga_status tune(cudnnHandle_t handle, cudaStream_t s, const Problem &p, const cha
     auto e = std::make_shared<Entry>();
     bool fused = has_epilogue(p);
     *tuned = false;
-    /* a preference for the split or unfused route says the fused graph
-     * found no engine last time: skip its search (runtime fusion may
-     * compile) */
-    bool fused_refused = has_pref && (pref_route == ROUTE_UNFUSED || pref_route == ROUTE_SPLIT);
-    if (fused && !fused_refused) {
+    /* One route's search: on success the entry takes `route`; a graph
+     * with no engine adds its refusal (at least `floor`) to the entry's. */
+    auto attempt = [&](GraphKind kind, Route route, ga_fallback_reason floor) -> ga_status {
         bool t = false;
         Refusal why;
-        ga_status st = tune_graph(handle, s, p, GRAPH_FUSED,
-                                  has_pref && pref_route == ROUTE_GRAPH ? &pref : nullptr, plan,
-                                  &e->choice, &t, &why);
-        *tuned = t;
+        ga_status st =
+            tune_graph(handle, s, p, kind, has_pref && pref_route == route ? &pref : nullptr, plan,
+                       &e->choice, &t, &why);
+        *tuned = *tuned || t;
         if (!st.error)
-            e->route = ROUTE_GRAPH;
-        else if (!is_unsupported(st))
+            e->route = route;
+        if (!is_unsupported(st))
             return st;
-        else {
-            /* a fused graph without an engine is a documented limit (runtime
-             * fusion is not everywhere); what else went wrong on the way is
-             * reported as itself */
-            why.keep(st, GA_FALLBACK_NOT_SUPPORTED);
-            e->why = why;
-        }
+        why.keep(st, floor);
+        e->why.keep(why.reason, why.status, why.text.c_str());
+        return ga_ok();
+    };
+    /* a preference for the split or unfused route says the fused graph
+     * found no engine last time: skip its search (runtime fusion may
+     * compile).  A fused graph without an engine is a documented limit
+     * (runtime fusion is not everywhere); what else went wrong on the way
+     * is reported as itself. */
+    bool fused_refused = has_pref && (pref_route == ROUTE_UNFUSED || pref_route == ROUTE_SPLIT);
+    if (fused && !fused_refused) {
+        GA_TRY_STATUS(attempt(GRAPH_FUSED, ROUTE_GRAPH, GA_FALLBACK_NOT_SUPPORTED));
     } else if (fused) {
         e->why.keep(GA_FALLBACK_NOT_SUPPORTED, kNoStatus,
                     "the fused graph was not searched: the tuning file's choice for this shape is "
                     "a partly fused route (its fused graph had no engine when it was tuned)");
     }
-    if (can_split(p) && e->route == ROUTE_DIRECT && !(has_pref && pref_route == ROUTE_UNFUSED)) {
-        bool t = false;
-        Refusal why;
-        ga_status st = tune_graph(handle, s, p, GRAPH_BIAS,
-                                  has_pref && pref_route == ROUTE_SPLIT ? &pref : nullptr, plan,
-                                  &e->choice, &t, &why);
-        *tuned = *tuned || t;
-        if (!st.error)
-            e->route = ROUTE_SPLIT;
-        else if (!is_unsupported(st))
-            return st;
-        else {
-            why.keep(st, GA_FALLBACK_NOT_SUPPORTED);
-            e->why.keep(why.reason, why.status, why.text.c_str());
-        }
-    }
-    if (!fused || e->route == ROUTE_DIRECT) {
-        Route target = fused ? ROUTE_UNFUSED : ROUTE_GRAPH;
-        bool t = false;
-        Refusal why;
-        ga_status st =
-            tune_graph(handle, s, p, GRAPH_CONV, has_pref && pref_route == target ? &pref : nullptr,
-                       plan, &e->choice, &t, &why);
-        *tuned = *tuned || t;
-        if (!st.error)
-            e->route = target;
-        else if (!is_unsupported(st))
-            return st;
-        else {
-            /* not even the convolution alone: the direct kernels */
-            why.keep(st, GA_FALLBACK_NO_ENGINE);
-            e->why.keep(why.reason, why.status, why.text.c_str());
-        }
-    }
+    if (can_split(p) && e->route == ROUTE_DIRECT && !(has_pref && pref_route == ROUTE_UNFUSED))
+        GA_TRY_STATUS(attempt(GRAPH_BIAS, ROUTE_SPLIT, GA_FALLBACK_NOT_SUPPORTED));
+    /* the convolution alone (then the epilogue kernel); without an engine
+     * even for it, the direct kernels run */
+    if (!fused || e->route == ROUTE_DIRECT)
+        GA_TRY_STATUS(
+            attempt(GRAPH_CONV, fused ? ROUTE_UNFUSED : ROUTE_GRAPH, GA_FALLBACK_NO_ENGINE));
     e->chosen = choice_string(e->route, e->choice);
     if (e->route != ROUTE_DIRECT)
         e->plans[handle] = *plan;
