@@ -786,6 +786,8 @@ def test_a_capturing_call_of_a_cold_problem_is_refused_before_any_setup():
         op = {"fwd": "conv2d: ", "bwd_data": "conv2d_backward (input gradient): ",
               "bwd_filter": "conv2d_backward (weight gradient): "}[case.op]
         assert st["message"].startswith(op) and "warm-up" in st["message"], st["message"]
+        # (without a device no handle can be taken at all: the status above is what
+        # shows the refusal came first — a later one would be cudnnCreate's)
         assert reply["run_cache_lookups"] == 1 and reply["run_took_handle"] is False
 
 

@@ -2,6 +2,7 @@
 gpuaccel's setters, and torch's own flags followed while gpuaccel's setter is not called."""
 
 import json
+import re
 import textwrap
 
 import numpy as np
@@ -54,7 +55,7 @@ def test_defaults_follow_torchs_untouched_flags(following_torch):
 def test_set_matmul_precision_rejects(value, exc):
     before = ga._C._tf32_state("matmul")
     with pytest.raises(exc, match=r"set_matmul_precision: precision must be 'highest' .* 'high' or 'medium' "
-                                  r".* or None .* got " + __import__("re").escape(repr(value))):
+                                  r".* or None .* got " + re.escape(repr(value))):
         ga.set_matmul_precision(value)
     assert ga._C._tf32_state("matmul") == before
 
@@ -63,7 +64,7 @@ def test_set_matmul_precision_rejects(value, exc):
 def test_set_conv_allow_tf32_rejects(value):
     before = ga._C._tf32_state("conv")
     with pytest.raises(TypeError, match=r"set_conv_allow_tf32: allow must be True .* False .* or None .* got "
-                                        + __import__("re").escape(repr(value))):
+                                        + re.escape(repr(value))):
         ga.set_conv_allow_tf32(value)
     assert ga._C._tf32_state("conv") == before
 
