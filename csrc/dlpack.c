@@ -133,25 +133,33 @@ static void delete_legacy(DLManagedTensor *m)
     export_release((export_ctx *)m->manager_ctx);
 }
 
-/* A capsule nobody consumed owns its tensor. */
+/* A capsule nobody consumed owns its tensor.  The destructor often runs
+ * while the consumer that refused the capsule is raising (NumPy has no
+ * bfloat16): that exception is kept, and nothing of ours replaces it. */
 static void capsule_destructor_versioned(PyObject *capsule)
 {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
     if (PyCapsule_IsValid(capsule, CAPSULE_VERSIONED)) {
         DLManagedTensorVersioned *m = PyCapsule_GetPointer(capsule, CAPSULE_VERSIONED);
         if (m && m->deleter)
             m->deleter(m);
     }
     PyErr_Clear();
+    PyErr_Restore(type, value, tb);
 }
 
 static void capsule_destructor_legacy(PyObject *capsule)
 {
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
     if (PyCapsule_IsValid(capsule, CAPSULE_LEGACY)) {
         DLManagedTensor *m = PyCapsule_GetPointer(capsule, CAPSULE_LEGACY);
         if (m && m->deleter)
             m->deleter(m);
     }
     PyErr_Clear();
+    PyErr_Restore(type, value, tb);
 }
 
 /* Parses DLPack's `stream` for a CUDA export: *none=1 for -1 (no sync). */
@@ -547,6 +555,10 @@ static ArrayObject *import_managed(ga_state *st, void *managed, int versioned, c
         flags = m->flags;
     } else {
         t = &((DLManagedTensor *)managed)->dl_tensor;
+        /* a legacy tensor cannot say whether its memory may be written
+         * (JAX exports only these, of immutable arrays): read-only, as
+         * NumPy imports it */
+        flags = DLPACK_FLAG_BITMASK_READ_ONLY;
     }
     dl_import d;
     if (dl_describe(st, t, flags, who, &d) < 0)
@@ -738,10 +750,31 @@ ArrayObject *ga_from_dlpack_object(ga_state *st, PyObject *obj)
     return ga_from_dlpack_via(st, obj, ga_dlpack_exchange_api(st, Py_TYPE(obj)));
 }
 
-ArrayObject *ga_from_dlpack_via(ga_state *st, PyObject *obj, const DLPackExchangeAPI *api)
+void ga_dlpack_explain_layout(PyObject *obj, PyObject *exc_type)
 {
-    if (api)
-        return import_exchange(st, api, obj);
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyObject *layout = PyObject_GetAttrString(obj, "layout");
+    PyObject *name = layout ? PyObject_Str(layout) : NULL;
+    const char *text = name ? PyUnicode_AsUTF8(name) : NULL;
+    if (text && strncmp(text, "torch.", 6) == 0 && strcmp(text, "torch.strided") != 0) {
+        Py_XDECREF(type);
+        Py_XDECREF(value);
+        Py_XDECREF(tb);
+        PyErr_Format(exc_type,
+                     "a torch tensor with layout %s is not accepted: gpuaccel (like DLPack) "
+                     "takes strided tensors; convert it with .to_dense() first",
+                     text);
+    } else {
+        PyErr_Clear();
+        PyErr_Restore(type, value, tb);
+    }
+    Py_XDECREF(name);
+    Py_XDECREF(layout);
+}
+
+static ArrayObject *import_via_dlpack(ga_state *st, PyObject *obj)
+{
     PyObject *capsule = call_dlpack(st, obj);
     if (!capsule)
         return NULL;
@@ -755,6 +788,14 @@ ArrayObject *ga_from_dlpack_via(ga_state *st, PyObject *obj, const DLPackExchang
     }
     ArrayObject *arr = import_capsule(st, capsule);
     Py_DECREF(capsule);
+    return arr;
+}
+
+ArrayObject *ga_from_dlpack_via(ga_state *st, PyObject *obj, const DLPackExchangeAPI *api)
+{
+    ArrayObject *arr = api ? import_exchange(st, api, obj) : import_via_dlpack(st, obj);
+    if (!arr)
+        ga_dlpack_explain_layout(obj, PyExc_BufferError);
     return arr;
 }
 

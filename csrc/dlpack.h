@@ -20,6 +20,11 @@ PyObject *ga_array_cuda_array_interface(ArrayObject *self, void *closure);
 ArrayObject *ga_from_dlpack_object(ga_state *st, PyObject *obj);
 /* The same through a known exchange table (NULL: through __dlpack__). */
 ArrayObject *ga_from_dlpack_via(ga_state *st, PyObject *obj, const DLPackExchangeAPI *api);
+/* With an exception pending from reading `obj`: when obj is a torch
+ * tensor of a layout with no strided memory (sparse, mkldnn), replaces it
+ * with `exc_type` saying so in one line (torch's own error about the data
+ * pointer carries a C++ backtrace); else leaves it as it is. */
+void ga_dlpack_explain_layout(PyObject *obj, PyObject *exc_type);
 /* from an object with __cuda_array_interface__ */
 ArrayObject *ga_from_cuda_array_interface(ga_state *st, PyObject *obj, PyObject *cai);
 /* Sets Array.__dlpack_c_exchange_api__ (the module's exec), and forgets

@@ -290,9 +290,12 @@ static ArrayObject *wrap_resolved(ga_state *st, PyObject *t)
     if (ga_torch_dtype(st, t, &dtype) < 0)
         return NULL;
     ga_device device;
-    if (torch_device(st, t, &device) < 0)
-        return NULL;
-    return wrap_tensor(st, t, dtype, device);
+    ArrayObject *arr = NULL;
+    if (torch_device(st, t, &device) == 0)
+        arr = wrap_tensor(st, t, dtype, device);
+    if (!arr)
+        ga_dlpack_explain_layout(t, PyExc_TypeError);
+    return arr;
 }
 
 ArrayObject *ga_from_torch(ga_state *st, PyObject *t)

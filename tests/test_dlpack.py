@@ -4,6 +4,7 @@ what real producers rarely send."""
 
 import ctypes
 import gc
+import sys
 
 import numpy as np
 import pytest
@@ -384,3 +385,109 @@ def test_cuda_requests_raise_clear_errors_without_a_gpu():
     ]:
         with pytest.raises(RuntimeError, match=message):
             call()
+
+
+# -------------------------------------------------- consumers that refuse
+
+class _LegacyOnly:
+    """A producer that hands out gpuaccel's legacy capsule whatever the
+    consumer asks (as producers before DLPack 1.0 do)."""
+
+    def __init__(self, array):
+        self.array = array
+
+    def __dlpack__(self, **kwargs):
+        return self.array.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self.array.__dlpack_device__()
+
+
+def _refused(consumer, producer, array, error):
+    """The consumer's own exception comes through (the capsule's destructor
+    ran while it was pending), and the export's reference to the array is
+    gone with the capsule."""
+    before = sys.getrefcount(array)
+    with pytest.raises(error) as info:
+        consumer(producer)
+    assert not isinstance(info.value, SystemError)
+    del info
+    gc.collect()
+    assert sys.getrefcount(array) == before
+
+
+@pytest.mark.parametrize("versioned", [True, False], ids=["versioned", "legacy"])
+def test_numpy_refusing_bfloat16_keeps_its_error(versioned):
+    a = ga.zeros((3,), dtype="bfloat16")
+    producer = a if versioned else _LegacyOnly(a)
+    _refused(np.from_dlpack, producer, a, (RuntimeError, BufferError, TypeError))
+
+
+def test_jax_refusing_a_strided_view_keeps_its_error(rng):
+    jnp = pytest.importorskip("jax.numpy")
+    base = ga.asarray(rng.random((5, 6), np.float32))
+    view = base[:, ::2]
+    _refused(jnp.from_dlpack, view, view, Exception)
+    # and what JAX takes, it takes without copying, values intact
+    np.testing.assert_array_equal(np.asarray(jnp.from_dlpack(base)), base.numpy())
+
+
+# ----------------------------------------------- what import takes, and how
+
+@pytest.mark.parametrize("make", [lambda t: t.to_sparse(), lambda t: t.to_sparse_csr(), lambda t: t.to_mkldnn()],
+                         ids=["sparse_coo", "sparse_csr", "mkldnn"])
+def test_tensors_without_strided_memory_are_refused_in_one_line(make):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch: "sparse CSR support is in beta"
+        t = make(torch.eye(3))
+    layout = str(t.layout)
+    for call, error in ((ga.from_dlpack, BufferError), (ga.asarray, BufferError),
+                        (lambda x: ga.matmul(x, torch.eye(3)), TypeError),
+                        (lambda x: ga.matmul(torch.eye(3), x), TypeError)):
+        with pytest.raises(error) as info:
+            call(t)
+        message = str(info.value)
+        assert "\n" not in message and len(message) < 200, message
+        assert layout in message and "to_dense()" in message
+
+
+def test_a_strided_tensor_that_fails_keeps_torchs_error():
+    # the layout note replaces only errors about tensors of other layouts
+    t = torch.eye(3, requires_grad=True)
+    with pytest.raises(BufferError, match="requires grad"):
+        ga.from_dlpack(t)
+
+
+def test_legacy_capsules_import_read_only(rng):
+    # a legacy capsule has no flags to say its memory may be written: read-only, as NumPy imports it
+    x = rng.random(5)
+    a = ga.from_dlpack(_LegacyOnly(ga.asarray(x)))
+    assert a.readonly
+    with pytest.raises(ValueError, match="read-only"):
+        a[0] = 1.0
+    writable = ga.from_dlpack(SyntheticTensor(bytearray(8), 2, 64, (1,)).capsule())  # versioned, flags 0
+    assert not writable.readonly
+    copied = ga.from_dlpack(_LegacyOnly(ga.asarray(x)), copy=True)
+    assert not copied.readonly
+    copied[0] = 7.0
+    assert copied.numpy()[0] == 7.0 and x[0] != 7.0
+
+
+def test_jax_arrays_import_read_only(rng):
+    jnp = pytest.importorskip("jax.numpy")
+    values = rng.random(7).astype(np.float32)
+    j = jnp.asarray(values)
+    a = ga.from_dlpack(j)
+    assert a.readonly  # JAX arrays are immutable; JAX exports legacy capsules, which cannot say so
+    np.testing.assert_array_equal(a.numpy(), values)
+    with pytest.raises(ValueError, match="read-only"):
+        a[0] = 1.0
+    with pytest.raises(ValueError, match="read-only"):
+        ga.matmul(ga.asarray(np.ones((7, 1), np.float32)), ga.asarray(np.ones((1, 7), np.float32)),
+                  out=jnp.zeros((7, 7), jnp.float32))
+    np.testing.assert_array_equal(np.asarray(j), values)
+    c = ga.from_dlpack(j, copy=True)
+    c[0] = -1.0
+    np.testing.assert_array_equal(np.asarray(j), values)
