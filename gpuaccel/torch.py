@@ -35,6 +35,7 @@ input (C, H, W), a 1-D linear input).
 """
 
 import math
+import operator
 from typing import List, Optional, Tuple
 
 import torch
@@ -55,6 +56,7 @@ _KERNEL_ACT = {"none": None, "relu": "relu", "gelu": "gelu"}  # as the C ops tak
 CPU_TORCH_THRESHOLD = {"linear": 1 << 14, "conv2d": 1 << 19}
 
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+
 _is_compiling = torch.compiler.is_compiling
 _is_tracing = torch._C._is_tracing
 _is_autocast = torch.is_autocast_enabled
@@ -62,11 +64,43 @@ _autocast_dtype = torch.get_autocast_dtype
 _grad_enabled = torch.is_grad_enabled
 
 
+def _refuse_script(name):
+    """torch.jit.script's hook (it calls an object's __prepare_scriptable__
+    before compiling it, and each function or submodule it reaches): the
+    layers call gpuaccel's C core, which TorchScript cannot compile, and
+    without this the compiler fails deep inside them ("try blocks aren't
+    supported", "is_autocast_enabled() expected at most 0 arguments")."""
+    def prepare(*unused):
+        raise RuntimeError("%s cannot be compiled by torch.jit.script: TorchScript cannot call gpuaccel's C kernels. "
+                           "torch.jit.trace, torch.export.export and torch.compile work (they keep the fused ops), "
+                           "and torch.onnx.export writes them with standard ONNX operators" % name)
+    return prepare
+
+
 def _activation(name):
     try:
         return _ACTIVATIONS[name]
     except (KeyError, TypeError):
         raise ValueError("activation must be None, 'relu' or 'gelu' (tanh approximation), got %r" % (name,)) from None
+
+
+def _not_a_tensor(name, what, value):
+    """The TypeError of a layer given something else than a torch tensor
+    (a NumPy array, a list): what it got and what takes that."""
+    hint = (" (torch.from_numpy(x) wraps a NumPy array without a copy; gpuaccel.%s takes NumPy and gpuaccel "
+            "arrays directly)" % what) if type(value).__module__ == "numpy" or hasattr(value, "__dlpack__") else ""
+    kind = type(value)
+    kind = kind.__name__ if kind.__module__ == "builtins" else "%s.%s" % (kind.__module__, kind.__qualname__)
+    return TypeError("%s: %s must be a torch.Tensor, got %s%s" % (what, name, kind, hint))
+
+
+def _check_tensors(what, x, weight, bias):
+    if not isinstance(x, Tensor):
+        raise _not_a_tensor("x", what, x)
+    if not isinstance(weight, Tensor):
+        raise _not_a_tensor("weight", what, weight)
+    if bias is not None and not isinstance(bias, Tensor):
+        raise _not_a_tensor("bias", what, bias)
 
 
 def _traced(x, weight):
@@ -214,11 +248,16 @@ def fused_linear(x, weight, bias=None, activation=None):
     """act(x @ weight.T + bias) in one fused kernel (forward and backward);
     x of shape (..., in_features), also 1-D."""
     activation = _activation(activation)
+    _check_tensors("linear", x, weight, bias)
     if _is_autocast("cuda" if x.is_cuda else "cpu"):
         x, weight, bias = _autocast(x, weight, bias)
     if _traced(x, weight):
         return _linear_traced(x, weight, bias, activation)
     if not x.is_cuda and x.numel() * weight.shape[0] > CPU_TORCH_THRESHOLD["linear"]:
+        if x.dim() >= 1 and weight.dim() == 2 and x.shape[-1] != weight.shape[1]:
+            # the message gpuaccel's kernels give, not torch's "mat1 and mat2 shapes cannot be multiplied"
+            raise ValueError("linear: x's last dimension (%d) must equal weight's in_features (%d)"
+                             % (x.shape[-1], weight.shape[1]))
         return _torch_activation(torch.nn.functional.linear(x, weight, bias), activation)
     if _needs_grad(x, weight, bias):
         return _LinearFunction.apply(x, weight, bias, activation)
@@ -253,6 +292,8 @@ class FusedLinear(torch.nn.Module):
     def forward(self, x):
         return fused_linear(x, self.weight, self.bias, self.activation)
 
+    __prepare_scriptable__ = _refuse_script("gpuaccel.torch.FusedLinear")
+
     def extra_repr(self):
         return "in_features=%d, out_features=%d, bias=%s, activation=%s" % (
             self.in_features, self.out_features, self.bias is not None, self.activation)
@@ -267,6 +308,31 @@ def _conv_out_shape(x, weight, stride, padding, dilation):
             (w + 2 * padding[1] - dilation[1] * (kw - 1) - 1) // stride[1] + 1)
 
 
+def _check_conv_output(x, weight, padding, dilation, shape):
+    """The ValueError gpuaccel's conv2d gives when the input is smaller than
+    the dilated kernel (torch's new_empty would say "negative dimension")."""
+    for k, name in ((0, "height"), (1, "width")):
+        if shape[2 + k] < 1:
+            size, span = x.shape[2 + k], dilation[k] * (weight.shape[2 + k] - 1) + 1
+            raise ValueError("conv2d: the output %s would be empty: input %d + 2*padding %d is smaller than the "
+                             "dilated kernel (%d); use a smaller kernel, dilation or more padding"
+                             % (name, size, padding[k], span))
+
+
+def _check_conv_channels(x, weight, groups):
+    """gpuaccel's conv2d messages, for the inputs that run torch's kernels."""
+    if weight.dim() != 4:
+        raise ValueError("conv2d: weight must be 4-D (out_channels, in_channels/groups, kh, kw), got shape %s"
+                         % (tuple(weight.shape),))
+    if x.shape[1] % groups or weight.shape[0] % groups:
+        raise ValueError("conv2d: groups=%d must divide the input channels (%d) and the output channels (%d)"
+                         % (groups, x.shape[1], weight.shape[0]))
+    if weight.shape[1] * groups != x.shape[1]:
+        raise ValueError("conv2d: weight (out_channels, in_channels/groups, kh, kw) has %d input channels per group, "
+                         "so x must have %d channels (groups=%d), but it has %d"
+                         % (weight.shape[1], weight.shape[1] * groups, groups, x.shape[1]))
+
+
 def _conv_empty(x, shape):
     """An output in x's memory order: channels-last in, channels-last out."""
     if x.is_contiguous() or not x.is_contiguous(memory_format=torch.channels_last):
@@ -276,6 +342,8 @@ def _conv_empty(x, shape):
 
 def _conv_forward(x, weight, bias, stride, padding, dilation, groups, activation, keep_preactivation):
     shape = _conv_out_shape(x, weight, stride, padding, dilation)
+    if shape[2] < 1 or shape[3] < 1:
+        _check_conv_output(x, weight, padding, dilation, shape)
     y = _conv_empty(x, shape)
     if activation == "gelu" and keep_preactivation:
         z = _conv_empty(x, shape)
@@ -401,13 +469,13 @@ def _register_decompositions():
 _register_decompositions()
 
 
-def _pair(value, name):
+def _pair(value, name, least):
     if isinstance(value, int) and not isinstance(value, bool):
-        return (value, value)
+        value = (value, value)
     if isinstance(value, (tuple, list)) and len(value) == 2 and all(
-            isinstance(v, int) and not isinstance(v, bool) for v in value):
+            isinstance(v, int) and not isinstance(v, bool) and v >= least for v in value):
         return tuple(value)
-    raise ValueError("%s must be an int or a pair of ints, got %r" % (name, value))
+    raise ValueError("%s must be an int >= %d or a pair of them, got %r" % (name, least, value))
 
 
 def _conv2d_batched(x, weight, bias, stride, padding, dilation, groups, activation):
@@ -418,7 +486,10 @@ def _conv2d_batched(x, weight, bias, stride, padding, dilation, groups, activati
         return _conv2d(x, weight, bias, list(stride), list(padding), list(dilation), groups, activation)[0]
     if not x.is_cuda:
         n, k, p, q = _conv_out_shape(x, weight, stride, padding, dilation)
+        if p < 1 or q < 1:
+            _check_conv_output(x, weight, padding, dilation, (n, k, p, q))
         if n * k * p * q * (weight.numel() // k) > CPU_TORCH_THRESHOLD["conv2d"]:  # multiply-adds
+            _check_conv_channels(x, weight, groups)
             y = torch.nn.functional.conv2d(x, weight, bias, stride, padding, dilation, groups)
             return _torch_activation(y, activation)
     if _needs_grad(x, weight, bias):
@@ -428,6 +499,7 @@ def _conv2d_batched(x, weight, bias, stride, padding, dilation, groups, activati
 
 def _conv2d_checked(x, weight, bias, stride, padding, dilation, groups, activation):
     """fused_conv2d once its geometry is normalized (tuples of ints)."""
+    _check_tensors("conv2d", x, weight, bias)
     if _is_autocast("cuda" if x.is_cuda else "cpu"):
         x, weight, bias = _autocast(x, weight, bias)
     if x.dim() == 4:
@@ -441,8 +513,15 @@ def fused_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1
     """act(conv2d(x, weight) + bias) in one fused call (forward and
     backward); x of shape (N, C, H, W) in NCHW or channels-last memory (the
     result follows it), or unbatched (C, H, W)."""
-    return _conv2d_checked(x, weight, bias, _pair(stride, "stride"), _pair(padding, "padding"),
-                           _pair(dilation, "dilation"), int(groups), _activation(activation))
+    try:
+        count = operator.index(groups)
+    except TypeError:
+        count = 0
+    if count < 1 or isinstance(groups, bool):
+        raise ValueError("fused_conv2d: groups must be a positive int, got %r" % (groups,))
+    return _conv2d_checked(x, weight, bias, _pair(stride, "fused_conv2d: stride", 1),
+                           _pair(padding, "fused_conv2d: padding", 0), _pair(dilation, "fused_conv2d: dilation", 1),
+                           count, _activation(activation))
 
 
 class FusedConv2d(torch.nn.Conv2d):
@@ -455,6 +534,11 @@ class FusedConv2d(torch.nn.Conv2d):
                  bias=True, padding_mode="zeros", device=None, dtype=None, activation=None):
         if padding_mode != "zeros":
             raise ValueError("FusedConv2d supports padding_mode='zeros' only, got %r" % (padding_mode,))
+        # nn.Conv2d takes these and fails at the first call (stride=0: "non-positive stride")
+        _pair(stride, "FusedConv2d: stride", 1)
+        _pair(dilation, "FusedConv2d: dilation", 1)
+        if not isinstance(padding, str):
+            _pair(padding, "FusedConv2d: padding", 0)
         super().__init__(in_channels, out_channels, kernel_size, stride=stride, padding=padding,
                          dilation=dilation, groups=groups, bias=bias, padding_mode=padding_mode, device=device,
                          dtype=dtype)
@@ -480,5 +564,11 @@ class FusedConv2d(torch.nn.Conv2d):
         return _conv2d_checked(x, self.weight, self.bias, self._geometry[0], self._geometry[1], self._geometry[2],
                                self.groups, self.activation)
 
+    __prepare_scriptable__ = _refuse_script("gpuaccel.torch.FusedConv2d")
+
     def extra_repr(self):
         return super().extra_repr() + ", activation=%s" % self.activation
+
+
+fused_linear.__prepare_scriptable__ = _refuse_script("gpuaccel.torch.fused_linear")
+fused_conv2d.__prepare_scriptable__ = _refuse_script("gpuaccel.torch.fused_conv2d")

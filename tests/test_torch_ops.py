@@ -121,3 +121,107 @@ def test_torch_compile_fullgraph_has_no_graph_break():
     torch.testing.assert_close(out, eager)
     out.sum().backward()
     assert model[0].weight.grad is not None and model[2].weight.grad is not None
+
+
+# ----------------------------------------------------- what the layers refuse
+
+def _one_line(info, *words):
+    message = str(info.value)
+    assert "\n" not in message, message
+    for word in words:
+        assert word in message, (word, message)
+
+
+@pytest.mark.parametrize("batch", [1, 64], ids=["gpuaccel-kernels", "torch-kernels"])  # both sides of the threshold
+@pytest.mark.parametrize("grad", [False, True])
+def test_an_input_smaller_than_the_kernel_is_a_value_error(batch, grad):
+    conv = gt.FusedConv2d(3, 32, 5, dilation=(1, 2))
+    for shape, side in (((batch, 3, 3, 40), "height"), ((batch, 3, 40, 8), "width"), ((batch, 3, 4, 40), "height")):
+        x = torch.randn(*shape, requires_grad=grad)
+        with pytest.raises(ValueError) as info:
+            conv(x)
+        _one_line(info, "conv2d", side, "kernel", "input %d" % shape[2 if side == "height" else 3])
+    assert conv(torch.randn(batch, 3, 5, 9)).shape == (batch, 32, 1, 1)  # exactly the kernel's size works
+
+
+@pytest.mark.parametrize("name, value, least", [("stride", 0, 1), ("stride", (1, -1), 1), ("dilation", 0, 1),
+                                                ("padding", -1, 0), ("padding", (0, -2), 0), ("stride", 1.5, 1)])
+def test_bad_geometry_is_refused_when_the_layer_is_made(name, value, least):
+    with pytest.raises(ValueError) as info:
+        gt.FusedConv2d(3, 4, 3, **{name: value})
+    _one_line(info, "FusedConv2d", name, ">= %d" % least)
+    with pytest.raises(ValueError) as info:
+        gt.fused_conv2d(torch.randn(1, 3, 8, 8), torch.randn(4, 3, 3, 3), **{name: value})
+    _one_line(info, "fused_conv2d", name)
+
+
+def test_groups_must_be_a_positive_int():
+    x, w = torch.randn(1, 4, 8, 8), torch.randn(4, 2, 3, 3)
+    for groups in (0, -1, "2", 2.0, True):
+        with pytest.raises(ValueError) as info:
+            gt.fused_conv2d(x, w, groups=groups)
+        _one_line(info, "groups", repr(groups))
+    np = pytest.importorskip("numpy")
+    torch.testing.assert_close(gt.fused_conv2d(x, w, groups=np.int64(2)), F.conv2d(x, w, groups=2))
+
+
+@pytest.mark.parametrize("size", ["small", "large"])  # gpuaccel's kernels below the CPU threshold, torch's above
+def test_shape_errors_are_the_same_whichever_kernels_run(size):
+    n = 1 if size == "small" else 64
+    with pytest.raises(ValueError) as info:
+        gt.FusedLinear(300, 400)(torch.zeros(n, 500))
+    _one_line(info, "linear", "(500)", "in_features (300)")
+    with pytest.raises(ValueError) as info:
+        gt.FusedConv2d(3, 64, 3)(torch.zeros(n, 5, 32, 32))
+    _one_line(info, "conv2d", "3 channels", "has 5")
+    with pytest.raises(ValueError) as info:
+        gt.FusedConv2d(4, 64, 3, groups=2)(torch.zeros(n, 5, 32, 32))
+    _one_line(info, "groups=2", "(5)")
+
+
+@pytest.mark.parametrize("value", ["numpy", "list", "gpuaccel"])
+def test_a_layer_given_something_else_than_a_tensor_says_what_takes_it(value):
+    np = pytest.importorskip("numpy")
+    import gpuaccel as ga
+
+    given = {"numpy": np.zeros((2, 3, 8, 8), np.float32), "list": [[1.0, 2.0, 3.0]],
+             "gpuaccel": ga.zeros((2, 3, 8, 8))}[value]
+    type_name = {"numpy": "numpy.ndarray", "list": "list", "gpuaccel": "Array"}[value]
+    for layer, op in ((gt.FusedConv2d(3, 4, 3), "conv2d"), (gt.FusedLinear(8, 4), "linear")):
+        with pytest.raises(TypeError) as info:
+            layer(given)
+        _one_line(info, op, "x must be a torch.Tensor", type_name)
+        if value != "list":
+            _one_line(info, "torch.from_numpy", "gpuaccel.%s" % op)
+    with pytest.raises(TypeError) as info:
+        gt.fused_linear(torch.zeros(2, 8), np.zeros((4, 8), np.float32))
+    _one_line(info, "weight must be a torch.Tensor")
+    with pytest.raises(TypeError) as info:
+        gt.fused_conv2d(torch.zeros(1, 3, 8, 8), torch.zeros(4, 3, 3, 3), bias=[0.0] * 4)
+    _one_line(info, "bias must be a torch.Tensor", "list")
+
+
+def test_jit_script_says_what_works_instead():
+    import warnings
+
+    model = torch.nn.Sequential(gt.FusedConv2d(3, 4, 3, activation="relu"), torch.nn.Flatten(),
+                                gt.FusedLinear(4 * 4 * 4, 2))
+
+    def uses_the_function(x, w):
+        return gt.fused_linear(x, w)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch: "torch.jit.script/trace is deprecated"
+        for target, name in ((model, "FusedConv2d"), (model[2], "FusedLinear"), (gt.fused_conv2d, "fused_conv2d"),
+                             (uses_the_function, "fused_linear")):
+            with pytest.raises(RuntimeError) as info:
+                torch.jit.script(target)
+            message = str(info.value)
+            assert "gpuaccel.torch.%s cannot be compiled by torch.jit.script" % name in message
+            assert all(w in message for w in ("torch.jit.trace", "torch.export", "torch.compile"))
+        # what the message names works
+        x = torch.randn(2, 3, 6, 6)
+        traced = torch.jit.trace(model, (x,))
+    torch.testing.assert_close(traced(x), model(x))
+    exported = torch.export.export(model, (x,))
+    torch.testing.assert_close(exported.module()(x), model(x))
