@@ -16,6 +16,7 @@ same few buffers, whose pages are already faulted in.
 import atexit
 import mmap
 import os
+import sys
 import warnings
 import weakref
 
@@ -167,7 +168,24 @@ def _memmap_file_source(array, index):
     return ("file", os.fspath(filename), position, array.shape[0], array.dtype, tuple(array.shape[1:]))
 
 
+def _torch_data_kind(obj):
+    """'Dataset' or 'DataLoader' when obj is one of torch's (without
+    importing torch), else None."""
+    data = sys.modules.get("torch.utils.data")
+    if data is None:
+        return None
+    if isinstance(obj, data.DataLoader):
+        return "DataLoader"
+    return "Dataset" if isinstance(obj, (data.Dataset, data.IterableDataset)) else None
+
+
 def _describe(arrays):
+    kind = _torch_data_kind(arrays)
+    if kind:
+        tensors = " (a TensorDataset's: [t.numpy() for t in dataset.tensors])" if hasattr(arrays, "tensors") else ""
+        raise TypeError("arrays is a torch %s (%s): PinnedLoader does not take torch Datasets or DataLoaders; it "
+                        "gathers rows itself from the data, given as a list of NumPy arrays, np.memmap or .npy "
+                        "paths, one per field%s" % (kind, type(arrays).__name__, tensors))
     if isinstance(arrays, (str, os.PathLike, np.ndarray)) or not hasattr(arrays, "__len__"):
         raise TypeError("arrays must be a sequence (list or tuple) of NumPy arrays, np.memmap or .npy paths, "
                         "got %s" % type(arrays).__name__)
@@ -185,8 +203,9 @@ def _describe(arrays):
             spec = _memory_source(a.numpy(), i)
             length = spec[1].shape[0]
         else:
-            raise TypeError("arrays[%d] must be a NumPy array, np.memmap or a path to a .npy file, got %s"
-                            % (i, type(a).__name__))
+            hint = " (for a CPU torch tensor, pass t.numpy())" if type(a).__module__.startswith("torch") else ""
+            raise TypeError("arrays[%d] must be a NumPy array, np.memmap or a path to a .npy file, got %s%s"
+                            % (i, type(a).__name__, hint))
         sources.append(spec)
         lengths.append(length)
     if len(set(lengths)) != 1:

@@ -269,6 +269,34 @@ def test_bad_arguments(rng, make, exc, words):
         make(x, y)
 
 
+def test_torch_datasets_are_refused_with_what_to_give_instead(rng):
+    torch = pytest.importorskip("torch")
+    from torch.utils import data
+
+    x, y = dataset(rng, 20)
+
+    class Touchy(data.Dataset):  # PinnedLoader must not index it (nor a DataLoader start workers over it)
+        def __len__(self):
+            return 20
+
+        def __getitem__(self, i):
+            raise AssertionError("indexed")
+
+    tensors = data.TensorDataset(torch.from_numpy(x), torch.from_numpy(y))
+    for given, kind in ((tensors, "Dataset (TensorDataset)"), (Touchy(), "Dataset (Touchy)"),
+                        (data.DataLoader(Touchy(), batch_size=4, num_workers=2), "DataLoader (DataLoader)")):
+        with pytest.raises(TypeError) as info:
+            ga.PinnedLoader(given, 4)
+        message = str(info.value)
+        assert "arrays is a torch %s" % kind in message and "NumPy arrays, np.memmap or .npy paths" in message
+        assert ("dataset.tensors" in message) == (given is tensors)
+    with pytest.raises(TypeError, match=r"arrays\[0\] .* got Tensor \(for a CPU torch tensor, pass t.numpy\(\)\)"):
+        ga.PinnedLoader([torch.from_numpy(x), y], 4)
+    # what the message says works
+    xb, yb = next(iter(ga.PinnedLoader([t.numpy() for t in tensors.tensors], 4, device="cpu")))
+    assert torch.equal(xb, torch.from_numpy(x[:4])) and torch.equal(yb, torch.from_numpy(y[:4]))
+
+
 def test_bad_files(rng, tmp_path):
     x, _ = dataset(rng, 10)
     with pytest.raises(FileNotFoundError):
