@@ -30,7 +30,15 @@ import pytest
 
 os.environ.setdefault("GPUACCEL_FALLBACK", "raise")
 
-import gpuaccel
+try:
+    import gpuaccel
+except ModuleNotFoundError as missing:
+    if missing.name != "gpuaccel":
+        raise
+    # the tests import the installed package (pyproject.toml's import mode), never the source folder
+    raise ImportError("gpuaccel is not installed in this Python (%s). From the repository root, install it with "
+                      "the test extras: pip install \".[test]\" (or build it in place: pip install -e \".[test]\"), "
+                      "then run pytest again" % sys.executable) from None
 
 from helpers import seed_for, simulated
 

@@ -105,3 +105,21 @@ def test_the_import_notice_is_silenced_by_its_documented_filter(tmp_path):
         warnings.warn(notice, RuntimeWarning, stacklevel=1)
     assert [str(w.message) for w in caught] == [notice]
     assert "warnings.filterwarnings('ignore', message='gpuaccel is a CPU-only build')" in notice
+
+
+def test_pytest_without_an_installed_gpuaccel_says_what_to_run():
+    # as after `pip uninstall gpuaccel`: the import system finds no gpuaccel anywhere
+    tests = os.path.dirname(os.path.abspath(__file__))
+    code = ("import sys, pytest\n"
+            "class NotInstalled:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name.split('.')[0] == 'gpuaccel':\n"
+            "            raise ModuleNotFoundError('No module named ' + name, name=name)\n"
+            "sys.meta_path.insert(0, NotInstalled())\n"
+            "sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '--collect-only', %r]))\n"
+            % os.path.join(tests, "test_readme.py"))
+    run = run_python("-c", code, cwd=os.path.dirname(tests), timeout=300)
+    assert run.returncode != 0
+    output = run.stdout + run.stderr
+    assert "gpuaccel is not installed in this Python" in output and 'pip install ".[test]"' in output, output
+    assert "ModuleNotFoundError" not in output, output
