@@ -2,15 +2,15 @@
 in onnxruntime against torch: the deployment path (ONNX, then TensorRT or
 any other runtime).
 
-    python examples/export_onnx.py                      # TorchScript exporter
-    python examples/export_onnx.py --dynamo             # torch.export-based exporter
+    python examples/export_onnx.py                      # torch.export-based exporter (dynamo=True)
+    python examples/export_onnx.py --torchscript        # torch's older TorchScript exporter (deprecated)
     python examples/export_onnx.py --exported-program   # torch.export.export first, then ONNX
     python examples/export_onnx.py --out model.onnx
 
 The fused layers are written with ONNX's standard operators (Conv, Gemm or
 MatMul + Add, Relu, Gelu with approximate="tanh"): no custom domain, so the
-file runs wherever ONNX does.  Needs onnx and onnxruntime (and onnxscript
-for --dynamo): pip install onnx onnxscript onnxruntime.
+file runs wherever ONNX does.  Needs onnx, onnxscript (the torch.export-based
+exporter's) and onnxruntime: pip install onnx onnxscript onnxruntime.
 """
 
 import argparse
@@ -26,18 +26,24 @@ from train import make_model
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--dynamo", action="store_true", help="use the torch.export-based exporter (dynamo=True)")
-    parser.add_argument("--exported-program", action="store_true",
-                        help="export with torch.export.export first (which keeps the fused ops), then convert "
-                             "that ExportedProgram")
+    route = parser.add_mutually_exclusive_group()
+    route.add_argument("--torchscript", action="store_true",
+                       help="use torch's TorchScript exporter (dynamo=False), which torch deprecates; the default is "
+                            "the torch.export-based one (dynamo=True)")
+    route.add_argument("--exported-program", action="store_true",
+                       help="export with torch.export.export first (which keeps the fused ops), then convert "
+                            "that ExportedProgram")
     parser.add_argument("--out", default=None, help="where to write the .onnx file (default: a temporary folder)")
     parser.add_argument("--batch-size", type=int, default=8, help="batch size of the exported graph (default: 8)")
     args = parser.parse_args(argv)
     try:
         import onnx
         import onnxruntime
-    except ImportError:
-        print("this example needs onnx and onnxruntime: pip install onnx onnxscript onnxruntime", file=sys.stderr)
+        if not args.torchscript:
+            import onnxscript  # noqa: F401  (what the torch.export-based exporter writes with)
+    except ImportError as missing:
+        print("this example needs onnx, onnxscript and onnxruntime (%s is missing): "
+              "pip install onnx onnxscript onnxruntime" % missing.name, file=sys.stderr)
         return 2
     torch.manual_seed(0)
     model = make_model().eval()              # FusedConv2d / FusedLinear inside
@@ -48,7 +54,7 @@ def main(argv=None):
             torch.onnx.export(torch.export.export(model, (x,)), (x,), path, input_names=["images"],
                               output_names=["logits"])
         else:
-            torch.onnx.export(model, (x,), path, dynamo=args.dynamo, input_names=["images"],
+            torch.onnx.export(model, (x,), path, dynamo=not args.torchscript, input_names=["images"],
                               output_names=["logits"])
         graph = onnx.load(path).graph
         print("exported %s: %s" % (path, ", ".join(sorted({node.op_type for node in graph.node}))))

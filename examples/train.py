@@ -46,6 +46,9 @@ def main(argv=None):
                         help="training images to generate (default: 20000; held-out: a fifth, at least 1000)")
     parser.add_argument("--data", default=dataset.default_folder(),
                         help="where generated sets are kept (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the initial weights and the shuffling: runs with the same seed on the same "
+                             "machine train the same (default: 0)")
     args = parser.parse_args(argv)
     device = check_device(torch, args.device or ("cuda" if ga.cuda_available() and torch.cuda.is_available()
                                                  else "cpu"))
@@ -57,12 +60,14 @@ def main(argv=None):
     dtype = "bfloat16" if on_gpu else "float32"
     layout = "NHWC" if on_gpu else "NCHW"  # NHWC: channels_last batches for the channels_last model
 
+    torch.manual_seed(args.seed)
     model = make_model().to(device)
     if on_gpu:
         model = model.to(memory_format=torch.channels_last)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    loader = ga.PinnedLoader([files["train_x"], files["train_y"]], args.batch_size, shuffle=True, drop_last=True,
-                             device=str(device), transform=ga.ImageNormalize(mean, std, dtype=dtype, layout=layout))
+    loader = ga.PinnedLoader([files["train_x"], files["train_y"]], args.batch_size, shuffle=True, seed=args.seed,
+                             drop_last=True, device=str(device),
+                             transform=ga.ImageNormalize(mean, std, dtype=dtype, layout=layout))
     log = ga.LossLogger(every=50, on_log=lambda step, v: print("step %5d  loss %.4f" % (step, v["loss"])))
 
     step = 0

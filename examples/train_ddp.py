@@ -25,9 +25,12 @@ from gpuaccel._cli import check_device
 
 from train import make_model
 
+USAGE = ("run it with torchrun, one process per device: torchrun --standalone --nproc-per-node=2 "
+         "examples/train_ddp.py --device cpu --steps 40 (or --nproc-per-node=<GPUs> on a GPU machine)")
+
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] + " " + USAGE[0].upper() + USAGE[1:] + ".")
     parser.add_argument("--device", default=None, choices=("cuda", "cpu"),
                         help="cuda (NCCL, one GPU per process: LOCAL_RANK) or cpu (gloo) (default: cuda when usable)")
     parser.add_argument("--steps", type=int, default=600, help="training steps (default: 600)")
@@ -37,6 +40,9 @@ def main(argv=None):
     parser.add_argument("--data", default=dataset.default_folder(),
                         help="where generated sets are kept (default: %(default)s)")
     args = parser.parse_args(argv)
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:  # torchrun sets them for each process
+        print("examples/train_ddp.py: %s" % USAGE, file=sys.stderr)
+        return 2
     args.device = args.device or ("cuda" if ga.cuda_available() and torch.cuda.is_available() else "cpu")
     if check_device(torch, args.device) is None:
         return 2

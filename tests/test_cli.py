@@ -272,19 +272,30 @@ def test_an_unusable_cuda_device_fails_up_front_in_one_line(argv, tmp_path):
 
 # ---------------------------------------------------------------- examples
 
-def test_example_training_script_runs_on_the_cpu(tmp_path):
-    out = run(os.path.join(ROOT, "examples", "train.py"), "--device", "cpu", "--steps", "60", "--batch-size",
-              "32", "--samples", "2000", "--data", str(tmp_path))
-    assert out.returncode == 0, out.stderr
-    accuracy = float(out.stdout.split("held-out accuracy:")[1].split("%")[0])
+def test_example_training_script_runs_on_the_cpu_and_its_seed_repeats_a_run(tmp_path):
+    def train(seed):
+        out = run(os.path.join(ROOT, "examples", "train.py"), "--device", "cpu", "--steps", "60", "--batch-size",
+                  "32", "--samples", "2000", "--data", str(tmp_path), "--seed", str(seed))
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    first = train(7)
+    accuracy = float(first.split("held-out accuracy:")[1].split("%")[0])
     assert accuracy > 40
+    assert train(7) == first  # same weights, same order, same losses and accuracy
+    assert train(8) != first
 
 
-@pytest.mark.parametrize("route", [[], ["--exported-program"]], ids=["torchscript", "exported_program"])
+@pytest.mark.parametrize("route", [[], ["--torchscript"], ["--exported-program"]],
+                         ids=["dynamo", "torchscript", "exported_program"])
 def test_example_onnx_export_runs_in_onnxruntime(route, tmp_path):
     pytest.importorskip("onnxruntime")
-    out = run(os.path.join(ROOT, "examples", "export_onnx.py"), "--out", str(tmp_path / "m.onnx"), *route)
+    pytest.importorskip("onnxscript")
+    out = run("-W", "default::DeprecationWarning", os.path.join(ROOT, "examples", "export_onnx.py"),
+              "--out", str(tmp_path / "m.onnx"), *route)
     assert out.returncode == 0, out.stderr
+    # with no flag, torch's current exporter: not the TorchScript one, which torch deprecates
+    assert ("DeprecationWarning" in out.stderr) == (route == ["--torchscript"]), out.stderr
     assert "Conv" in out.stdout and "Gemm" in out.stdout and (tmp_path / "m.onnx").exists()
     assert float(out.stdout.split("largest difference")[1]) < 1e-4
 
@@ -295,6 +306,16 @@ def test_example_checkpointed_accumulating_training_learns(tmp_path):
     assert out.returncode == 0, out.stderr
     losses = [float(line.split("loss")[1]) for line in out.stdout.splitlines() if line.startswith("step")]
     assert len(losses) == 3 and losses[-1] < 0.8 * losses[0], losses  # ln(10) = 2.3 at the start
+
+
+def test_example_ddp_script_run_directly_says_to_use_torchrun(tmp_path):
+    script = os.path.join(ROOT, "examples", "train_ddp.py")
+    out = run(script, "--device", "cpu", "--data", tmp_path)
+    assert out.returncode == 2
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr  # one line, no traceback
+    assert "torchrun --standalone --nproc-per-node=2 examples/train_ddp.py" in out.stderr
+    assert not list(tmp_path.iterdir())  # nothing started
+    assert "torchrun --standalone" in " ".join(run(script, "--help").stdout.split())
 
 
 def test_example_ddp_script_runs_on_two_cpu_ranks(tmp_path):
