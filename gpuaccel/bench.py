@@ -1,16 +1,21 @@
 """python -m gpuaccel bench: gpuaccel against torch, side by side in one run.
 
-Each row times one task both ways in the same process and prints both
-numbers, their ratio (gpuaccel / torch, > 1 is better for gpuaccel) and the
-gpuaccel number as a fraction of the ceiling measured in this run for that
-kind of work (bandwidth rows: the fastest copy of that direction measured
-here; matmul rows: the fastest matmul of that dtype measured here).  GPU
-work is timed with CUDA events (median of several batches after warm-up);
-CPU work with perf_counter.
+Each row times one task both ways in the same process, in rounds: one
+batch of each side back to back, the order alternating from round to round,
+so that a change of the machine's load falls on both sides alike.  It prints
+each side's median over the rounds with its min and max, the median of the
+per-round ratios (gpuaccel / torch, > 1 is better for gpuaccel) with theirs,
+a note where the rounds disagree (noise), and the gpuaccel number as a
+fraction of the ceiling measured in this run for that kind of work
+(bandwidth rows: the fastest copy of that direction measured here; matmul
+rows: the fastest matmul of that dtype measured here).  GPU work is timed
+with CUDA events after warm-up; CPU work, and what the host waits for, with
+perf_counter.  When the load average reached the number of CPUs, the table
+says so.
 
 On a machine without a GPU it benchmarks the CPU paths and says so.
 
-    python -m gpuaccel bench [--full] [--json] [--plot FILE.png] [--only GROUP ...]
+    python -m gpuaccel bench [--full] [--rounds N] [--json] [--plot FILE.png] [--only GROUP ...]
 
 The benchmark scripts in benchmarks/ use these same functions with more
 sizes and compare with torch.compile as well.
@@ -40,11 +45,9 @@ def _sync(torch, device):
         torch.cuda.synchronize()
 
 
-def time_ms(fn, torch, device, min_batch_s=0.05, batches=5, warmup=3, wall=False):
-    """Median milliseconds per call of fn(): warm-up calls, then `batches`
-    batches of n calls each (n chosen so a batch lasts about min_batch_s),
-    timed by CUDA events on torch's current stream — or, with wall=True or
-    on the CPU, by perf_counter around a device-wide synchronize."""
+def _calls_per_batch(fn, torch, device, min_batch_s, warmup):
+    """Warms fn up and returns how many calls make a batch of about
+    min_batch_s seconds."""
     for _ in range(warmup):
         fn()
     _sync(torch, device)
@@ -52,35 +55,98 @@ def time_ms(fn, torch, device, min_batch_s=0.05, batches=5, warmup=3, wall=False
     fn()
     _sync(torch, device)
     once = max(time.perf_counter() - start, 1e-6)
-    n = max(1, min(1000, int(min_batch_s / once)))
-    per_call = []
-    for _ in range(batches):
-        if device == "cuda" and not wall:
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record()
-            for _ in range(n):
-                fn()
-            end.record()
-            end.synchronize()
-            per_call.append(begin.elapsed_time(end) / n)
-        else:
-            _sync(torch, device)
-            t0 = time.perf_counter()
-            for _ in range(n):
-                fn()
-            _sync(torch, device)
-            per_call.append((time.perf_counter() - t0) * 1e3 / n)
-    return statistics.median(per_call)
+    return max(1, min(1000, int(min_batch_s / once)))
+
+
+def _batch_ms(fn, n, torch, device, wall):
+    """Milliseconds per call over one batch of n calls: CUDA events on
+    torch's current stream, or (wall=True, or the CPU) perf_counter around
+    a device-wide synchronize."""
+    if device == "cuda" and not wall:
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record()
+        for _ in range(n):
+            fn()
+        end.record()
+        end.synchronize()
+        return begin.elapsed_time(end) / n
+    _sync(torch, device)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    _sync(torch, device)
+    return (time.perf_counter() - t0) * 1e3 / n
+
+
+def time_pair_ms(fn_gpuaccel, fn_torch, torch, device, rounds=None, min_batch_s=0.05, warmup=3, wall=False):
+    """Milliseconds per call of both sides, measured in `rounds` rounds
+    (default ROUNDS), each one batch of each side back to back, the order
+    alternating from round to round (g t, t g, g t, ...): a change of the
+    machine's load between rounds falls on both sides alike.  Returns two
+    lists, one number per round and side."""
+    rounds = rounds or ROUNDS
+    n_g = _calls_per_batch(fn_gpuaccel, torch, device, min_batch_s, warmup)
+    n_t = _calls_per_batch(fn_torch, torch, device, min_batch_s, warmup)
+    ms_g, ms_t = [], []
+    for i in range(rounds):
+        sides = ((fn_gpuaccel, n_g, ms_g), (fn_torch, n_t, ms_t))
+        for fn, n, out in (sides if i % 2 == 0 else sides[::-1]):
+            out.append(_batch_ms(fn, n, torch, device, wall))
+    return ms_g, ms_t
+
+
+def time_ms(fn, torch, device, min_batch_s=0.05, batches=5, warmup=3, wall=False):
+    """Median milliseconds per call of fn() alone: warm-up calls, then
+    `batches` batches of about min_batch_s seconds each."""
+    n = _calls_per_batch(fn, torch, device, min_batch_s, warmup)
+    return statistics.median(_batch_ms(fn, n, torch, device, wall) for _ in range(batches))
+
+
+# Rounds per row; each is one batch of each side.  More rounds narrow the
+# spread on a busy machine (--rounds).
+ROUNDS = 7
+
+# A row whose rounds disagree by more than this factor (the largest
+# per-round ratio over the smallest) is flagged noisy.
+NOISY_SPREAD = 1.5
 
 
 class Row(dict):
-    """One benchmark row: group, case, unit, gpuaccel, torch (higher is
-    better for every unit here), ratio, and ceiling_fraction."""
+    """One benchmark row: group, case, unit, and per side the median over
+    the rounds with its min and max (higher is better for every unit here);
+    ratio: the median of the per-round ratios gpuaccel / torch (each round's
+    two numbers were measured back to back), with ratio_min / ratio_max;
+    note: "noise" when the rounds do not agree on which side is faster,
+    "noisy" when they agree but differ by more than NOISY_SPREAD; and
+    ceiling_fraction.  `gpuaccel` and `torch` are lists of per-round rates
+    (or single numbers)."""
 
     def __init__(self, group, case, unit, gpuaccel, torch, ceiling_key=None):
-        ratio = gpuaccel / torch if torch and gpuaccel == gpuaccel and torch == torch else None
-        super().__init__(group=group, case=case, unit=unit, gpuaccel=gpuaccel, torch=torch, ratio=ratio,
-                         ceiling_fraction=None, ceiling_key=ceiling_key)
+        g = [gpuaccel] if isinstance(gpuaccel, (int, float)) else list(gpuaccel)
+        t = [torch] if isinstance(torch, (int, float)) else list(torch)
+        ratios = [a / b for a, b in zip(g, t) if b and a == a and b == b]
+        super().__init__(group=group, case=case, unit=unit, gpuaccel=statistics.median(g),
+                         gpuaccel_min=min(g), gpuaccel_max=max(g), torch=statistics.median(t), torch_min=min(t),
+                         torch_max=max(t), rounds=len(g),
+                         ratio=statistics.median(ratios) if ratios else None,
+                         ratio_min=min(ratios) if ratios else None, ratio_max=max(ratios) if ratios else None,
+                         note=_note(ratios), ceiling_fraction=None, ceiling_key=ceiling_key)
+
+
+def _note(ratios):
+    if len(ratios) < 2:
+        return ""
+    low, high = min(ratios), max(ratios)
+    if low < 1.0 < high:
+        return "noise"
+    if high > NOISY_SPREAD * low:
+        return "noisy"
+    return ""
+
+
+def _rates(amount, ms_list):
+    """Per-round rates: `amount` per call over milliseconds per call."""
+    return [amount / ms for ms in ms_list]
 
 
 def _fill_ceilings(rows):
@@ -110,13 +176,18 @@ def bench_bandwidth(torch, device, full):
     size = (256 if full else 64) << 20
     rows = []
     if device == "cpu":
-        # both allocate the copy on each call
-        src_t = torch.empty(size, dtype=torch.uint8).fill_(1)
-        src_g = ga.full((size,), 1, dtype="uint8")
-        ms_g = time_ms(lambda: src_g.to("cpu", copy=True), torch, device)
-        ms_t = time_ms(lambda: src_t.clone(), torch, device)
-        return [Row("bandwidth", "host -> host copy, %d MiB" % (size >> 20), "GB/s", size / ms_g / 1e6,
-                    size / ms_t / 1e6, "h2h")]
+        # into a destination allocated (and its pages touched) once: the
+        # copy itself, not the page faults of fresh memory
+        src_t, dst_t = torch.ones(size, dtype=torch.uint8), torch.zeros(size, dtype=torch.uint8)
+        src_g, dst_g = ga.full((size,), 1, dtype="uint8"), ga.zeros((size,), dtype="uint8")
+
+        def copy_g():
+            dst_g[...] = src_g
+
+        ms_g, ms_t = time_pair_ms(copy_g, lambda: dst_t.copy_(src_t), torch, device)
+        # a copy reads and writes every byte
+        return [Row("bandwidth", "host -> host copy into an array, %d MiB (read+write)" % (size >> 20), "GB/s",
+                    _rates(2 * size / 1e6, ms_g), _rates(2 * size / 1e6, ms_t), "h2h")]
     # Both sides allocate their destination from their own pool on each
     # call (gpuaccel has no copy-into), and both are timed by the wall clock
     # around a device-wide synchronize, since gpuaccel queues on its own
@@ -128,19 +199,17 @@ def bench_bandwidth(torch, device, full):
         host_t = host_t.pin_memory() if pinned else host_t
         host_g = ga.empty((size,), dtype="uint8", device="cpu", pinned=pinned)
         kind = "pinned" if pinned else "pageable"
-        ms_g = time_ms(lambda: host_g.to("cuda"), torch, device, wall=True)
-        ms_t = time_ms(lambda: host_t.to("cuda", non_blocking=pinned), torch, device, wall=True)
-        rows.append(Row("bandwidth", "H2D from %s host, %d MiB" % (kind, size >> 20), "GB/s", size / ms_g / 1e6,
-                        size / ms_t / 1e6, "h2d"))
-    ms_g = time_ms(lambda: dev_g.to("cpu"), torch, device, wall=True)
-    ms_t = time_ms(lambda: dev_t.to("cpu"), torch, device, wall=True)
-    rows.append(Row("bandwidth", "D2H into a new host array, %d MiB" % (size >> 20), "GB/s", size / ms_g / 1e6,
-                    size / ms_t / 1e6, "d2h"))
-    ms_g = time_ms(lambda: dev_g.to("cuda", copy=True), torch, device, wall=True)
-    ms_t = time_ms(lambda: dev_t.clone(), torch, device, wall=True)
+        ms_g, ms_t = time_pair_ms(lambda: host_g.to("cuda"), lambda: host_t.to("cuda", non_blocking=pinned),
+                                  torch, device, wall=True)
+        rows.append(Row("bandwidth", "H2D from %s host, %d MiB" % (kind, size >> 20), "GB/s",
+                        _rates(size / 1e6, ms_g), _rates(size / 1e6, ms_t), "h2d"))
+    ms_g, ms_t = time_pair_ms(lambda: dev_g.to("cpu"), lambda: dev_t.to("cpu"), torch, device, wall=True)
+    rows.append(Row("bandwidth", "D2H into a new host array, %d MiB" % (size >> 20), "GB/s",
+                    _rates(size / 1e6, ms_g), _rates(size / 1e6, ms_t), "d2h"))
+    ms_g, ms_t = time_pair_ms(lambda: dev_g.to("cuda", copy=True), lambda: dev_t.clone(), torch, device, wall=True)
     # a copy reads and writes every byte
-    rows.append(Row("bandwidth", "D2D copy, %d MiB (read+write)" % (size >> 20), "GB/s", 2 * size / ms_g / 1e6,
-                    2 * size / ms_t / 1e6, "d2d"))
+    rows.append(Row("bandwidth", "D2D copy, %d MiB (read+write)" % (size >> 20), "GB/s",
+                    _rates(2 * size / 1e6, ms_g), _rates(2 * size / 1e6, ms_t), "d2d"))
     return rows
 
 
@@ -168,15 +237,33 @@ def bench_matmul(torch, device, full, sizes=None):
                 b = torch.randn(n, n, device=device, dtype=dtype)
                 out = torch.empty(n, n, device=device, dtype=dtype)
                 stream = torch.cuda.current_stream().cuda_stream if device == "cuda" else None
-                ms_g = time_ms(lambda: ga.matmul(a, b, out=out, stream=stream), torch, device)
-                ms_t = time_ms(lambda: torch.matmul(a, b, out=out), torch, device)
+                ms_g, ms_t = time_pair_ms(lambda: ga.matmul(a, b, out=out, stream=stream),
+                                          lambda: torch.matmul(a, b, out=out), torch, device)
                 flop = 2.0 * n ** 3
-                rows.append(Row("matmul", "%s %d^3" % (label, n), unit, flop / ms_g / scale, flop / ms_t / scale,
-                                "matmul-" + label))
+                rows.append(Row("matmul", "%s %d^3%s" % (label, n, CPU_KERNELS_NOTE if device == "cpu" else ""),
+                                unit, _rates(flop / scale, ms_g), _rates(flop / scale, ms_t), "matmul-" + label))
     finally:
         ga.set_matmul_precision(saved[0])
         torch.backends.cuda.matmul.allow_tf32 = saved[1]
     return rows
+
+
+# What runs on the CPU, said in the rows' names: ga.matmul runs gpuaccel's
+# own CPU kernels (a tested reference, not a fast path), while the fused
+# layers above gt.CPU_TORCH_THRESHOLD run torch's kernels, like the layers
+# they replace: such a row compares torch's kernels with themselves, plus
+# the layer's host time.
+CPU_KERNELS_NOTE = " (gpuaccel's CPU reference kernel)"
+
+
+def _torch_kernels_note(device, op, multiply_adds):
+    if device != "cpu":
+        return ""
+    import gpuaccel.torch as gt
+
+    if multiply_adds > gt.CPU_TORCH_THRESHOLD[op]:
+        return " (both torch's kernels: above CPU_TORCH_THRESHOLD)"
+    return CPU_KERNELS_NOTE
 
 
 def linear_step(torch, layer_fn, x):
@@ -211,16 +298,17 @@ def bench_linear(torch, device, full, shapes=None, compiled=False):
             return act_fn(plain(t))
 
         flop = 6.0 * tokens * fin * fout  # forward + two backward GEMMs
-        ms_g = time_ms(linear_step(torch, fused, x), torch, device)
-        ms_t = time_ms(linear_step(torch, eager, x), torch, device)
-        name = "%s %dx%d->%d fwd+bwd" % (act, tokens, fin, fout)
         unit = "TFLOP/s" if device == "cuda" else "GFLOP/s"
         scale = 1e9 if device == "cuda" else 1e6
-        rows.append(Row("linear", name + " vs eager", unit, flop / ms_g / scale, flop / ms_t / scale))
+        name = "%s %dx%d->%d fwd+bwd" % (act, tokens, fin, fout)
+        name += _torch_kernels_note(device, "linear", tokens * fin * fout)
+        ms_g, ms_t = time_pair_ms(linear_step(torch, fused, x), linear_step(torch, eager, x), torch, device)
+        rows.append(Row("linear", name + " vs eager", unit, _rates(flop / scale, ms_g), _rates(flop / scale, ms_t)))
         if compiled:
             compiled_fn = torch.compile(eager)
-            ms_c = time_ms(linear_step(torch, compiled_fn, x), torch, device)
-            rows.append(Row("linear", name + " vs torch.compile", unit, flop / ms_g / scale, flop / ms_c / scale))
+            ms_g, ms_c = time_pair_ms(linear_step(torch, fused, x), linear_step(torch, compiled_fn, x), torch, device)
+            rows.append(Row("linear", name + " vs torch.compile", unit, _rates(flop / scale, ms_g),
+                            _rates(flop / scale, ms_c)))
     return rows
 
 
@@ -248,17 +336,20 @@ def bench_conv(torch, device, full, shapes=None, compiled=False):
         saved = torch.backends.cudnn.benchmark
         torch.backends.cudnn.benchmark = True  # torch at its best: per-shape algorithm search
         try:
-            ms_g = time_ms(linear_step(torch, fused, x), torch, device)
-            ms_t = time_ms(linear_step(torch, plain, x), torch, device)
-            ms_c = time_ms(linear_step(torch, torch.compile(plain), x), torch, device) if compiled else None
+            ms_g, ms_t = time_pair_ms(linear_step(torch, fused, x), linear_step(torch, plain, x), torch, device)
+            if compiled:
+                ms_gc, ms_c = time_pair_ms(linear_step(torch, fused, x), linear_step(torch, torch.compile(plain), x),
+                                           torch, device)
         finally:
             torch.backends.cudnn.benchmark = saved
         unit = "TFLOP/s" if device == "cuda" else "GFLOP/s"
         scale = 1e9 if device == "cuda" else 1e6
         name = "relu %dx%dx%dx%d k%d %dx%d fwd+bwd" % (n, c, hw, hw, k, r, r)
-        rows.append(Row("conv", name + " vs eager", unit, flop / ms_g / scale, flop / ms_t / scale))
-        if ms_c:
-            rows.append(Row("conv", name + " vs torch.compile", unit, flop / ms_g / scale, flop / ms_c / scale))
+        name += _torch_kernels_note(device, "conv2d", n * k * hw * hw * c * r * r)
+        rows.append(Row("conv", name + " vs eager", unit, _rates(flop / scale, ms_g), _rates(flop / scale, ms_t)))
+        if compiled:
+            rows.append(Row("conv", name + " vs torch.compile", unit, _rates(flop / scale, ms_gc),
+                            _rates(flop / scale, ms_c)))
     return rows
 
 
@@ -278,10 +369,32 @@ def _dataset(folder, n, side):
     return x, y
 
 
-def bench_loader(torch, device, full, folder=None):
+def _endless(make_iterable):
+    """Batches from epoch after epoch of an iterable a call makes."""
+    iterable = make_iterable()
+    while True:
+        yield from iterable
+
+
+def _samples_per_s(batches, count, skip, torch, device):
+    """Samples per second of `count` batches taken from `batches` after
+    `skip` more: those came from what the loader prefetched while the other
+    side was measured, not from its steady rate."""
+    for _ in range(skip):
+        next(batches)
+    _sync(torch, device)
+    t0, done = time.perf_counter(), 0
+    for _ in range(count):
+        done += next(batches)[0].shape[0]
+    _sync(torch, device)
+    return done / (time.perf_counter() - t0)
+
+
+def bench_loader(torch, device, full, folder=None, rounds=None):
     """PinnedLoader against DataLoader(num_workers, pin_memory) +
     .to(non_blocking) + normalization on the device, samples/s, for
-    memmapped uint8 images to normalized NCHW batches."""
+    memmapped uint8 images to normalized NCHW batches; both loaders live
+    side by side, measured in alternating rounds."""
     folder = folder or os.path.join(tempfile.gettempdir(), "gpuaccel-bench")
     os.makedirs(folder, exist_ok=True)
     sides = (32, 224) if full else (32,)
@@ -294,21 +407,10 @@ def bench_loader(torch, device, full, folder=None):
         n = 20000 if side == 32 else 4000
         batch = 256 if side == 32 else 64
         xp, yp = _dataset(folder, n, side)
-        budget = n // batch - 4
+        per_round = max(4, n // batch // 4)
 
         loader = ga.PinnedLoader([xp, yp], batch, shuffle=True, drop_last=True, device=device,
                                  transform=ga.ImageNormalize(mean, std, dtype=dtype_name))
-        it = iter(loader)
-        for _ in range(3):
-            next(it)
-        _sync(torch, device)
-        t0, done = time.perf_counter(), 0
-        for _ in range(budget):
-            xb, yb = next(it)
-            done += xb.shape[0]
-        _sync(torch, device)
-        rate_g = done / (time.perf_counter() - t0)
-        loader.close()
 
         class Images(torch.utils.data.Dataset):
             def __init__(self):
@@ -322,50 +424,46 @@ def bench_loader(torch, device, full, folder=None):
                 return torch.from_numpy(np.array(self.x[i])), int(self.y[i])
 
         dl = torch.utils.data.DataLoader(Images(), batch_size=batch, shuffle=True, drop_last=True,
-                                         num_workers=workers, pin_memory=device == "cuda")
+                                         num_workers=workers, pin_memory=device == "cuda", persistent_workers=True)
         m = torch.tensor(mean, device=device).view(1, 3, 1, 1) * 255
         s = torch.tensor(std, device=device).view(1, 3, 1, 1) * 255
-        it = iter(dl)
-        for _ in range(3):
-            next(it)
-        _sync(torch, device)
-        t0, done = time.perf_counter(), 0
-        for _ in range(budget):
-            xb, yb = next(it)
-            xb = xb.to(device, non_blocking=True).permute(0, 3, 1, 2).float()
-            xb = ((xb - m) / s).to(tdtype)
-            yb = yb.to(device, non_blocking=True)
-            done += xb.shape[0]
-        _sync(torch, device)
-        rate_t = done / (time.perf_counter() - t0)
-        del it, dl
+
+        def torch_batches():
+            for xb, yb in _endless(lambda: dl):
+                xb = xb.to(device, non_blocking=True).permute(0, 3, 1, 2).float()
+                yield ((xb - m) / s).to(tdtype), yb.to(device, non_blocking=True)
+
+        ours, theirs = _endless(lambda: loader), torch_batches()
+        skip = 2 * workers + 2  # beyond what either side prefetches (DataLoader: 2 batches per worker)
+        rates_g, rates_t = [], []
+        for i in range(rounds or ROUNDS):
+            sides_ = ((ours, rates_g), (theirs, rates_t))
+            for batches, out in (sides_ if i % 2 == 0 else sides_[::-1]):
+                out.append(_samples_per_s(batches, per_round, skip, torch, device))
+        loader.close()
+        del ours, theirs  # and with them the DataLoader's workers
         rows.append(Row("loader", "%dx%dx3 uint8 -> normalized, batch %d (DataLoader: %d workers)"
-                        % (side, side, batch, workers), "samples/s", rate_g, rate_t))
+                        % (side, side, batch, workers), "samples/s", rates_g, rates_t))
     return rows
 
 
-def bench_logger(torch, device, full):
+def bench_logger(torch, device, full, rounds=None):
     """A training-like loop (a small matmul per step) that logs its loss
     every step: LossLogger.log against loss.item(); steps/s."""
     n = 512 if device == "cuda" else 128
     a = torch.randn(n, n, device=device)
-    steps = 2000 if device == "cuda" else 500
-
-    def run(log_fn):
-        _sync(torch, device)
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            loss = (a @ a).mean()
-            log_fn(loss)
-        _sync(torch, device)
-        return steps / (time.perf_counter() - t0)
-
     logger = ga.LossLogger(every=100)
-    run(lambda loss: logger.log(loss=loss))  # warm-up
-    rate_g = run(lambda loss: logger.log(loss=loss))
+
+    def step_logged():
+        logger.log(loss=(a @ a).mean())
+
+    def step_item():
+        (a @ a).mean().item()
+
+    ms_g, ms_t = time_pair_ms(step_logged, step_item, torch, device, rounds=rounds, wall=True)
     logger.close()
-    rate_t = run(lambda loss: loss.item())
-    return [Row("logger", "per-step loss logging, %dx%d matmul per step" % (n, n), "steps/s", rate_g, rate_t)]
+    return [Row("logger", "per-step loss logging, %dx%d matmul per step" % (n, n), "steps/s", _rates(1e3, ms_g),
+                _rates(1e3, ms_t))]
 
 
 BENCHES = {"bandwidth": bench_bandwidth, "matmul": bench_matmul, "linear": bench_linear, "conv": bench_conv,
@@ -380,51 +478,114 @@ def _fmt(v):
     return "%.3g" % v if abs(v) < 100 else "%.0f" % v
 
 
+def _spread(r, side):
+    """'median (min-max)' of a side over the rounds."""
+    if r["rounds"] < 2:
+        return _fmt(r[side])
+    return "%s (%s-%s)" % (_fmt(r[side]), _fmt(r[side + "_min"]), _fmt(r[side + "_max"]))
+
+
+def _ratio(r):
+    if r["ratio"] is None:
+        return "-"
+    if r["rounds"] < 2:
+        return "%.2fx" % r["ratio"]
+    return "%.2fx (%.2f-%.2f)" % (r["ratio"], r["ratio_min"], r["ratio_max"])
+
+
 NOTES = (
-    "gpuaccel/torch: > 1 is better for gpuaccel.  of ceiling: the gpuaccel number as a fraction of the best "
-    "number (either side) measured in this run for that kind of work (the same copy direction, the same matmul "
-    "dtype); shown where a kind has more than one row.",
+    "Each row is measured in rounds, one batch of each side back to back, the order alternating, so a change of "
+    "load between rounds falls on both sides: a side's number is its median over the rounds (min-max in "
+    "brackets), gpuaccel/torch the median of the per-round ratios (> 1 is better for gpuaccel).  note: noise = the "
+    "rounds disagree on which side is faster (the two are within the machine's noise); noisy = they agree, but "
+    "differ by more than %.1fx.  of ceiling: the gpuaccel number as a fraction of the best number (either side) "
+    "measured in this run for that kind of work (the same copy direction, the same matmul dtype); shown where a "
+    "kind has more than one row." % NOISY_SPREAD,
 )
 CPU_NOTES = (
+    "On the CPU, ga.matmul runs gpuaccel's own kernels, a tested reference rather than a fast path; the fused "
+    "layers above gpuaccel.torch.CPU_TORCH_THRESHOLD run torch's kernels, as the layers they replace do, so those "
+    "rows differ by the layers' host time and noise only.",
     "On the CPU, loss.item() is a plain read (there is no device to wait for), so the logger row measures only "
     "LossLogger's bookkeeping and can be below 1x; on a GPU each .item() stalls the host until the queue drains, "
     "which is what LossLogger avoids.",
 )
 
 
-def table(rows, device_desc, on_gpu=True):
-    header = ("group", "case", "unit", "gpuaccel", "torch", "gpuaccel/torch", "of ceiling")
-    body = [(r["group"], r["case"], r["unit"], _fmt(r["gpuaccel"]), _fmt(r["torch"]),
-             "-" if r["ratio"] is None else "%.2fx" % r["ratio"],
+def machine_load():
+    """(1-minute load average, usable CPUs), or None where the OS has no
+    load average."""
+    try:
+        return os.getloadavg()[0], len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+
+
+def load_note(before, after):
+    """A line saying that other processes competed for the CPUs, when the
+    load average (the higher of the run's start and end) reached the number
+    of CPUs; None on a quiet machine."""
+    if not before or not after:
+        return None
+    load, cpus = max(before[0], after[0]), before[1]
+    if load < cpus:
+        return None
+    return ("The machine was busy: load average %.1f on %d CPUs (%.1f at the start, %.1f at the end).  Other "
+            "processes competed for the CPUs, so the spread is wide; the ratios, measured round by round, hold "
+            "better than the absolute numbers." % (load, cpus, before[0], after[0]))
+
+
+def table(rows, device_desc, on_gpu=True, load=None):
+    header = ("group", "case", "unit", "gpuaccel", "torch", "gpuaccel/torch", "note", "of ceiling")
+    body = [(r["group"], r["case"], r["unit"], _spread(r, "gpuaccel"), _spread(r, "torch"), _ratio(r),
+             r.get("note") or "",
              "-" if r["ceiling_fraction"] is None else "%.0f%%" % (100 * r["ceiling_fraction"])) for r in rows]
     widths = [max(len(str(x)) for x in col) for col in zip(header, *body)]
     lines = ["gpuaccel bench on %s" % device_desc, ""]
     lines.append("  ".join("%-*s" % (w, h) for w, h in zip(widths, header)))
     lines.append("-" * len(lines[-1]))
     lines.extend("  ".join("%-*s" % (w, c) for w, c in zip(widths, row)) for row in body)
-    notes = NOTES + (() if on_gpu or not any(r["group"] == "logger" for r in rows) else CPU_NOTES)
+    cpu_notes = CPU_NOTES[:1] if any(r["group"] in ("matmul", "linear", "conv") for r in rows) else ()
+    if any(r["group"] == "logger" for r in rows):
+        cpu_notes += CPU_NOTES[1:]
+    notes = NOTES + (() if on_gpu else cpu_notes) + ((load,) if load else ())
     lines.append("")
     lines.extend(textwrap.fill(note, 110) for note in notes)
     return "\n".join(lines)
 
 
-def plot(rows, path):
-    """A bar chart of the gpuaccel/torch ratios.  Returns an error message
-    instead of raising when matplotlib is missing."""
+def _pyplot():
+    """matplotlib's pyplot with a file backend, or None when it is not
+    installed."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return "--plot needs matplotlib (pip install matplotlib); the table above has every number"
+        return None
+    return plt
+
+
+PLOT_NEEDS = "--plot needs matplotlib: pip install matplotlib (or leave --plot out: the table has every number)"
+
+
+def plot(rows, path):
+    """A bar chart of the gpuaccel/torch ratios, with their spread over the
+    rounds.  Returns an error message instead of raising when matplotlib is
+    missing."""
+    plt = _pyplot()
+    if plt is None:
+        return PLOT_NEEDS
     shown = [r for r in rows if r["ratio"] is not None]
     fig, ax = plt.subplots(figsize=(10, 0.45 * len(shown) + 1.5))
-    ax.barh(range(len(shown)), [r["ratio"] for r in shown], color="#3a7")
+    ratios = [r["ratio"] for r in shown]
+    spread = [[r["ratio"] - r["ratio_min"] for r in shown], [r["ratio_max"] - r["ratio"] for r in shown]]
+    ax.barh(range(len(shown)), ratios, xerr=spread, color=["#bbb" if r.get("note") else "#3a7" for r in shown])
     ax.set_yticks(range(len(shown)))
     ax.set_yticklabels(["%s: %s" % (r["group"], r["case"]) for r in shown], fontsize=8)
     ax.axvline(1.0, color="k", lw=1)
-    ax.set_xlabel("gpuaccel / torch (higher is better)")
+    ax.set_xlabel("gpuaccel / torch (higher is better; bars: median and min-max over the rounds; grey: noise)")
     ax.invert_yaxis()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -440,13 +601,22 @@ def device_description(torch, device):
 
 
 def main(argv=None):
+    global ROUNDS
     parser = argparse.ArgumentParser(prog="python -m gpuaccel bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--full", action="store_true", help="more sizes (several minutes)")
+    parser.add_argument("--rounds", type=int, default=ROUNDS,
+                        help="rounds per row, each one batch of each side (default: %(default)s; more narrow the "
+                             "spread on a busy machine)")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     parser.add_argument("--plot", metavar="FILE.png", help="write a bar chart of the ratios (needs matplotlib)")
     parser.add_argument("--only", nargs="+", choices=GROUPS, help="run these groups only")
     parser.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda when available")
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1, got %d" % args.rounds)
+    if args.plot and _pyplot() is None:  # before minutes of benchmarking, not after
+        print(PLOT_NEEDS, file=sys.stderr)
+        return 2
     try:
         import torch
     except ImportError:
@@ -455,7 +625,9 @@ def main(argv=None):
     device = args.device or ("cuda" if ga.cuda_available() and torch.cuda.is_available() else "cpu")
     if check_device(torch, device) is None:
         return 2
+    ROUNDS = args.rounds
     desc = device_description(torch, device)
+    load_before = machine_load()
     rows = []
     for group in args.only or GROUPS:
         if not args.json:  # progress on stderr, on one line; the table's header names the device
@@ -463,11 +635,14 @@ def main(argv=None):
         rows.extend(BENCHES[group](torch, device, args.full))
     if not args.json:
         print("\r%s\r" % (" " * 24), end="", file=sys.stderr, flush=True)
+    load_after = machine_load()
     _fill_ceilings(rows)
     if args.json:
-        print(json.dumps({"device": desc, "cuda": device == "cuda", "rows": rows}, indent=2))
+        load = {"load_average": [load_before[0], load_after[0]], "cpus": load_before[1]} if load_before else {}
+        print(json.dumps({"device": desc, "cuda": device == "cuda", "rounds": ROUNDS, **load, "rows": rows},
+                         indent=2))
     else:
-        print(table(rows, desc, on_gpu=device == "cuda"))
+        print(table(rows, desc, on_gpu=device == "cuda", load=load_note(load_before, load_after)))
     if args.plot:
         message = plot(rows, args.plot)
         if message:

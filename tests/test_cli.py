@@ -143,10 +143,11 @@ def test_warnings_are_not_errors():
 # ------------------------------------------------------------------- bench
 
 def test_bench_json_on_the_cpu():
-    out = run("-m", "gpuaccel", "bench", "--json", "--only", "matmul", "logger", "--device", "cpu")
+    out = run("-m", "gpuaccel", "bench", "--json", "--only", "matmul", "logger", "--device", "cpu", "--rounds", "3")
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
-    assert data["cuda"] is False and "CPU" in data["device"]
+    assert data["cuda"] is False and "CPU" in data["device"] and data["rounds"] == 3
+    assert data["cpus"] == len(os.sched_getaffinity(0)) and len(data["load_average"]) == 2
     groups = {r["group"] for r in data["rows"]}
     assert groups == {"matmul", "logger"}
     # physically plausible on this machine: a unit slip (ms for s, FLOP for GFLOP) is off by 1000x.
@@ -156,7 +157,9 @@ def test_bench_json_on_the_cpu():
     for r in data["rows"]:
         low, high = limits[r["unit"]]
         assert low < r["gpuaccel"] < high and low < r["torch"] < high, r
-        assert r["ratio"] == pytest.approx(r["gpuaccel"] / r["torch"])
+        assert r["rounds"] == 3 and r["note"] in ("", "noise", "noisy")
+        for side in ("gpuaccel", "torch", "ratio"):  # a median within its range
+            assert r[side + "_min"] <= r[side] <= r[side + "_max"], r
     # the ceiling column, recomputed: the gpuaccel number over the best number of the same dtype
     matmul = [r for r in data["rows"] if r["group"] == "matmul"]
     assert len(matmul) >= 2
@@ -182,13 +185,79 @@ def test_bench_table_explains_its_columns_and_fills_ceilings_only_where_they_com
     assert "plain read" not in bench.table(rows, "an H100", on_gpu=True)
 
 
-def test_bench_plot_without_matplotlib_says_so(tmp_path, monkeypatch):
+def test_bench_plot_without_matplotlib_says_so_before_benchmarking(tmp_path, monkeypatch):
     from gpuaccel import bench
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    rows = [bench.Row("matmul", "x", "GFLOP/s", 2.0, 1.0)]
+    rows = [bench.Row("matmul", "x", "GFLOP/s", [2.0, 2.2], [1.0, 1.1])]
     message = bench.plot(rows, str(tmp_path / "p.png"))
     assert "matplotlib" in message and not (tmp_path / "p.png").exists()
+    code = ("import sys; sys.modules['matplotlib'] = None\n"
+            "from gpuaccel import bench\n"
+            "sys.exit(bench.main(['--plot', %r, '--device', 'cpu']))" % str(tmp_path / "p.png"))
+    out = run_python("-c", code, timeout=120)
+    assert out.returncode == 2
+    assert out.stderr.strip() == bench.PLOT_NEEDS and out.stdout == ""  # said first: nothing was benchmarked
+
+
+def test_bench_rows_say_their_spread_and_when_they_are_noise():
+    from gpuaccel import bench
+
+    steady = bench.Row("matmul", "x", "GFLOP/s", [10.0, 12.0, 11.0], [5.0, 6.0, 5.0])
+    assert steady["ratio"] == pytest.approx(2.0) and steady["note"] == ""  # per-round 2.0, 2.0, 2.2
+    assert (steady["ratio_min"], steady["ratio_max"]) == (pytest.approx(2.0), pytest.approx(2.2))
+    assert (steady["gpuaccel_min"], steady["gpuaccel"], steady["gpuaccel_max"]) == (10.0, 11.0, 12.0)
+    # the rounds disagree on which side is faster
+    assert bench.Row("matmul", "x", "GFLOP/s", [10.0, 10.0, 10.0], [8.0, 12.0, 9.0])["note"] == "noise"
+    # they agree, but one round says 1.2x and another 3x
+    noisy = bench.Row("matmul", "x", "GFLOP/s", [12.0, 30.0, 20.0], [10.0, 10.0, 10.0])
+    assert noisy["note"] == "noisy" and noisy["ratio"] == pytest.approx(2.0)
+    text = bench.table([steady, noisy], "MACHINE X", on_gpu=True)
+    assert "2.00x (2.00-2.20)" in text and "noisy" in text and "11 (10-12)" in text
+    assert "noise = the rounds disagree" in " ".join(text.split())
+    assert bench.load_note((1.0, 2), (1.5, 2)) is None  # a quiet machine goes unmentioned
+    busy = bench.load_note((1.0, 2), (3.0, 2))
+    assert "load average 3.0 on 2 CPUs" in busy
+    assert "load average 3.0 on 2 CPUs" in " ".join(bench.table([steady], "MACHINE X", load=busy).split())
+
+
+def test_bench_measures_both_sides_round_by_round_in_alternating_order():
+    from gpuaccel import bench
+
+    calls = []
+    torch = pytest.importorskip("torch")
+    ms_g, ms_t = bench.time_pair_ms(lambda: calls.append("g"), lambda: calls.append("t"), torch, "cpu", rounds=4,
+                                    min_batch_s=0.0, warmup=1)
+    assert len(ms_g) == len(ms_t) == 4
+    # warm-up and one calibration call each, then batches of one call: g t, t g, g t, t g
+    assert "".join(calls) == "gg" + "tt" + "gttggttg"
+
+
+def test_bench_host_copy_row_times_copying_not_allocating(monkeypatch):
+    # the row's torch side copies into a tensor allocated once (clone() allocated 64 MiB per call: that row
+    # measured page faults), and gpuaccel's copies into an array allocated once
+    import gpuaccel as ga
+    from gpuaccel import bench
+
+    torch = pytest.importorskip("torch")
+    captured = []
+
+    def capture(fn_g, fn_t, *args, **kwargs):
+        captured.append((fn_g, fn_t))
+        return [1.0], [1.0]
+
+    monkeypatch.setattr(bench, "time_pair_ms", capture)
+    (row,) = bench.bench_bandwidth(torch, "cpu", full=False)
+    assert "copy into an array" in row["case"]
+    fn_g, fn_t = captured[0]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn_t()
+    ops = {e.key for e in prof.key_averages()}
+    assert "aten::copy_" in ops and not ops & {"aten::clone", "aten::empty", "aten::empty_like"}, ops
+    fn_g()
+    before = ga.memory_stats()
+    fn_g()
+    assert ga.memory_stats() == before  # nothing allocated by the copy
 
 
 def test_bench_rejects_unknown_groups():
