@@ -25,6 +25,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -533,9 +534,26 @@ static int finish_slot(LoaderIterObject *it, loader_slot *slot)
     return 0;
 }
 
+/* The workers fill the ring ahead of the consumer, so they can wait for a
+ * core; the training step cannot: torch's intra-op threads wait for each
+ * other at every op, and a worker that wakes up and preempts one of them
+ * stalls them all.  SCHED_BATCH keeps the workers' share of the CPU (same
+ * nice value) but never preempts a running thread on wakeup: they run when
+ * a core is free or at the next tick.  The name shows them in top -H and
+ * profilers.  Failing to set either changes nothing else. */
+static void yield_to_the_training_step(void)
+{
+#ifdef SCHED_BATCH
+    struct sched_param normal = {0};
+    (void)pthread_setschedparam(pthread_self(), SCHED_BATCH, &normal);
+#endif
+    (void)pthread_setname_np(pthread_self(), "gpuaccel-loader");
+}
+
 static void *worker_main(void *arg)
 {
     LoaderIterObject *it = (LoaderIterObject *)arg;
+    yield_to_the_training_step();
     int worker = atomic_fetch_add(&it->worker_ids, 1);
     char *scratch = it->scratch[worker] ? it->scratch[worker]->ptr : NULL;
     if (it->device.type == GA_DEVICE_CUDA) {

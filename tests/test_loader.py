@@ -4,6 +4,7 @@ import gc
 import os
 import signal
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -295,6 +296,39 @@ def test_torch_datasets_are_refused_with_what_to_give_instead(rng):
     # what the message says works
     xb, yb = next(iter(ga.PinnedLoader([t.numpy() for t in tensors.tensors], 4, device="cpu")))
     assert torch.equal(xb, torch.from_numpy(x[:4])) and torch.equal(yb, torch.from_numpy(y[:4]))
+
+
+def _threads_named(name):
+    found = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open("/proc/self/task/%s/comm" % task) as f:
+                if f.read().strip() == name:
+                    found.append(int(task))
+        except OSError:  # a thread that ended meanwhile
+            pass
+    return found
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH") or not os.path.isdir("/proc/self/task"),
+                    reason="Linux scheduling policies")
+def test_workers_yield_to_the_training_step(rng):
+    # SCHED_BATCH: the workers keep their share of the CPU but do not preempt the training step's threads when
+    # they wake up; the consumer's own thread keeps its policy
+    x, y = dataset(rng, 64)
+    mine = os.sched_getscheduler(0)
+    loader = ga.PinnedLoader([x, y], 8, num_threads=3, output="gpuaccel")
+    it = iter(loader)
+    next(it)
+    deadline = time.monotonic() + 10
+    while len(_threads_named("gpuaccel-loader")) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    workers = _threads_named("gpuaccel-loader")
+    assert len(workers) == 3
+    assert all(os.sched_getscheduler(tid) == os.SCHED_BATCH for tid in workers)
+    assert os.sched_getscheduler(0) == mine
+    assert sum(b[0].shape[0] for b in it) == 64 - 8  # and they still deliver every batch
+    loader.close()
 
 
 def test_bad_files(rng, tmp_path):

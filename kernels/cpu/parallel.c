@@ -82,6 +82,8 @@ static int64_t run_chunks(ga_job *job)
 static void *worker_main(void *arg)
 {
     (void)arg;
+    /* visible by name in top -H and profilers, beside torch's threads */
+    (void)pthread_setname_np(pthread_self(), "gpuaccel-cpu");
     pthread_mutex_lock(&pool.lock);
     unsigned long seen = pool.generation;
     for (;;) {
