@@ -15,8 +15,10 @@ and the held-out accuracy.
 """
 
 import argparse
+import functools
 import json
 import os
+import statistics
 import sys
 import time
 import warnings
@@ -61,7 +63,8 @@ def _models(torch, gt, seed):
 
 def _sync_counter(torch, device):
     """Counts the host syncs torch reports (its sync debug mode) while
-    active; None on the CPU, where there is nothing to sync with."""
+    active, over all the times it is entered; None on the CPU, where there
+    is nothing to sync with."""
     if device.type != "cuda":
         return None
 
@@ -77,39 +80,15 @@ def _sync_counter(torch, device):
 
         def __exit__(self, *exc):
             torch.cuda.set_sync_debug_mode("default")
-            self.count = sum(1 for w in self.records if "synchroniz" in str(w.message).lower())
+            self.count += sum(1 for w in self.records if "synchroniz" in str(w.message).lower())
             self._warn.__exit__(*exc)
 
     return Counter()
 
 
-class _Timer:
-    """Images/s over the steps after the warm-up ones."""
-
-    def __init__(self, torch, device, warmup):
-        self.torch, self.device, self.warmup = torch, device, warmup
-        self.images, self.start, self.steps = 0, None, 0
-
-    def step(self, batch):
-        self.steps += 1
-        if self.steps == self.warmup:
-            self._sync()
-            self.start = time.perf_counter()
-        elif self.steps > self.warmup:
-            self.images += batch
-
-    def _sync(self):
-        if self.device.type == "cuda":
-            self.torch.cuda.synchronize()
-
-    def rate(self):
-        self._sync()
-        if self.start is None or not self.images:
-            return float("nan")
-        return self.images / (time.perf_counter() - self.start)
-
-
-def train_gpuaccel(torch, model, files, args, device, bar_position=0):
+def _gpuaccel_steps(torch, model, files, args, device, bar, results):
+    """The gpuaccel side, one step per iteration (the step's batch size is
+    yielded); fills `results` when its steps are done."""
     model = model.to(device)
     if device.type == "cuda":
         model = model.to(memory_format=torch.channels_last)
@@ -121,35 +100,33 @@ def train_gpuaccel(torch, model, files, args, device, bar_position=0):
                              transform=ga.ImageNormalize(mean, std, dtype=dtype, layout=layout))
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     steps = min(args.steps, args.epochs * len(loader))
-    bar = tqdm(total=steps, desc="gpuaccel", position=bar_position, leave=True) if tqdm and not args.quiet else None
-    log = ga.LossLogger(every=20, progress=bar)
-    timer, step = _Timer(torch, device, args.warmup), 0
-    counter = _sync_counter(torch, device)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
-    with (counter or _Null()):
-        while step < steps:
-            for images, labels in loader:
-                if step >= steps:
-                    break
-                with autocast:
-                    loss = torch.nn.functional.cross_entropy(model(images), labels)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                log.log(loss=loss.detach())
-                timer.step(images.shape[0])
-                if bar is not None:
-                    bar.update(1)
-                step += 1
-    rate = timer.rate()
-    log.close()
     if bar is not None:
-        bar.close()
-    syncs = None if counter is None else counter.count / max(step, 1)
-    return {"images_per_s": rate, "syncs_per_step": syncs, "steps": step, "final_loss": log.latest().get("loss")}
+        bar.total = steps
+    log = ga.LossLogger(every=20, progress=bar)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    step = 0
+    while step < steps:
+        for images, labels in loader:
+            if step >= steps:
+                break
+            with autocast:
+                loss = torch.nn.functional.cross_entropy(model(images), labels)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            log.log(loss=loss.detach())
+            if bar is not None:
+                bar.update(1)
+            step += 1
+            yield images.shape[0]
+    loader.close()
+    log.close()
+    results.update(steps=step, final_loss=log.latest().get("loss"))
 
 
-def train_torch(torch, model, files, args, device, bar_position=1):
+def _torch_steps(torch, model, files, args, device, bar, results):
+    """The torch side as the popular guides write it, one step per
+    iteration, like _gpuaccel_steps."""
     model = model.to(device)
     if device.type == "cuda":
         model = model.to(memory_format=torch.channels_last)
@@ -174,35 +151,86 @@ def train_torch(torch, model, files, args, device, bar_position=1):
                                          persistent_workers=True)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     steps = min(args.steps, args.epochs * len(loader))
-    bar = tqdm(total=steps, desc="torch   ", position=bar_position, leave=True) if tqdm and not args.quiet else None
-    timer, step, last = _Timer(torch, device, args.warmup), 0, None
-    counter = _sync_counter(torch, device)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
-    with (counter or _Null()):
-        while step < steps:
-            for images, labels in loader:
-                if step >= steps:
-                    break
-                images = images.to(device, non_blocking=True).permute(0, 3, 1, 2).float()
-                images = ((images - mean_t) / std_t).contiguous(
-                    memory_format=torch.channels_last if device.type == "cuda" else torch.contiguous_format)
-                labels = labels.to(device, non_blocking=True)
-                with autocast:
-                    loss = torch.nn.functional.cross_entropy(model(images), labels)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                last = loss.item()  # what the guides do: one host sync per step
-                if bar is not None:
-                    bar.set_postfix(loss="%.4g" % last, refresh=False)
-                    bar.update(1)
-                timer.step(images.shape[0])
-                step += 1
-    rate = timer.rate()
     if bar is not None:
-        bar.close()
-    syncs = None if counter is None else counter.count / max(step, 1)
-    return {"images_per_s": rate, "syncs_per_step": syncs, "steps": step, "final_loss": last}
+        bar.total = steps
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
+    step, last = 0, None
+    while step < steps:
+        for images, labels in loader:
+            if step >= steps:
+                break
+            images = images.to(device, non_blocking=True).permute(0, 3, 1, 2).float()
+            images = ((images - mean_t) / std_t).contiguous(
+                memory_format=torch.channels_last if device.type == "cuda" else torch.contiguous_format)
+            labels = labels.to(device, non_blocking=True)
+            with autocast:
+                loss = torch.nn.functional.cross_entropy(model(images), labels)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            last = loss.item()  # what the guides do: one host sync per step
+            if bar is not None:
+                bar.set_postfix(loss="%.4g" % last, refresh=False)
+                bar.update(1)
+            step += 1
+            yield images.shape[0]
+    results.update(steps=step, final_loss=last)
+
+
+class _Side:
+    """One side of the comparison, run block by block: its step generator,
+    its host-sync counter, and the images and seconds of each timed block."""
+
+    def __init__(self, name, train, counter, bar):
+        """train(bar, results): a step generator that fills `results` at its end."""
+        self.name, self.counter, self.bar = name, counter, bar
+        self.blocks, self.results, self.done = [], {}, False
+        self.steps = train(bar, self.results)
+
+    def run(self, count):
+        """Up to `count` steps, host syncs counted; the images they trained
+        on (0 when the side is done)."""
+        images = 0
+        with self.counter:
+            for _ in range(count):
+                try:
+                    images += next(self.steps)
+                except StopIteration:
+                    self.done = True
+                    break
+        return images
+
+
+def _interleave(torch, device, sides, warmup, block):
+    """Trains the sides in alternating blocks of `block` steps (the order
+    swapped each round), timing each block between device synchronizations:
+    a change of the machine's load between blocks falls on both sides, where
+    one side's run after the other's would compare two different machines.
+    The first `warmup` steps of each side are not timed."""
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    for side in sides:
+        side.run(warmup)
+    turn = 0
+    while not all(side.done for side in sides):
+        for side in (sides if turn % 2 == 0 else sides[::-1]):
+            if side.done:
+                continue
+            sync()
+            start = time.perf_counter()
+            images = side.run(block)
+            sync()
+            if images:
+                side.blocks.append((images, time.perf_counter() - start))
+        turn += 1
+
+
+def _block_ratios(first, second):
+    """gpuaccel/torch of each pair of blocks run back to back."""
+    return [(a / s) / (b / t) for (a, s), (b, t) in zip(first.blocks, second.blocks) if s > 0 and t > 0 and b]
 
 
 class _Null:
@@ -231,35 +259,64 @@ def evaluate(torch, model, files, device, batch_size):
     return float(correct) / total
 
 
-def _table(results, device):
+def _table(results, device, ratio=None, load=None):
     names = list(results)
     rows = [("images/s", ["%.0f" % results[n]["images_per_s"] for n in names]),
             ("host syncs per step", ["n/a (CPU)" if results[n]["syncs_per_step"] is None
                                      else "%.2f" % results[n]["syncs_per_step"] for n in names]),
             ("held-out accuracy", ["%.1f%%" % (100 * results[n]["accuracy"]) for n in names]),
             ("steps", ["%d" % results[n]["steps"] for n in names])]
-    if len(names) == 2:
-        ratio = results["gpuaccel"]["images_per_s"] / results["torch"]["images_per_s"]
-        rows[0][1].append("%.2fx" % ratio)
+    if ratio:
+        spread = " (%.2f-%.2f over %d block pairs)" % (ratio["min"], ratio["max"], ratio["pairs"]) \
+            if ratio["pairs"] > 1 else ""
+        rows[0][1].append("%.2fx%s" % (ratio["median"], spread))
     width = max(len(r[0]) for r in rows)
-    header = "  ".join("%-12s" % n for n in names) + ("  gpuaccel/torch" if len(names) == 2 else "")
+    header = "  ".join("%-12s" % n for n in names) + ("  gpuaccel/torch" if ratio else "")
     lines = ["", "Side by side on %s (chance is 10%%):" % device, "  %-*s  %s" % (width, "", header)]
     for label, cells in rows:
         lines.append("  %-*s  %s" % (width, label, "  ".join("%-12s" % c for c in cells)))
+    if ratio:
+        lines.append("  images/s: each side's images over its own timed blocks; gpuaccel/torch: the median of the "
+                     "ratios of blocks run back to back")
+    if load:
+        lines.append("  " + load)
     return "\n".join(lines)
 
 
-# The CPU run's defaults: about two minutes in all on a 2-core machine
+def _busy_note(load_before, load_after):
+    """One line when other processes competed for the CPUs during the run
+    (load average at least the number of CPUs), else None."""
+    if not load_before or not load_after:
+        return None
+    load, cpus = max(load_before[0], load_after[0]), load_before[1]
+    if load < cpus:
+        return None
+    return ("the machine was busy (load average %.1f on %d CPUs): both sides ran slower than on an idle machine, "
+            "torch's intra-op threads most (--threads 1 avoids their waits)" % (load, cpus))
+
+
+def _machine_load():
+    try:
+        return os.getloadavg()[0], len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+
+
+# The CPU run's defaults: about a minute in all on an idle 2-core machine
 # (benchmarks/RESULTS.md has the measured time); the same training set as
 # examples/train.py's default, so the two share one cached copy.
 CPU_STEPS = 300
 CPU_SAMPLES = 20000
 GPU_SAMPLES = 50000
+# Steps per timed block: the sides alternate block by block
+CPU_BLOCK = 20
+GPU_BLOCK = 50
 
 DESCRIPTION = """Train one small CNN twice on a procedural 10-class image set, side by side: the gpuaccel way
 (FusedConv2d/FusedLinear, PinnedLoader, LossLogger) and the way the popular guides teach (nn.Conv2d + ReLU,
-DataLoader with workers and pin_memory, loss.item() every step), with the same initial weights and steps.
-Prints images/s, host syncs per step and held-out accuracy for both."""
+DataLoader with workers and pin_memory, loss.item() every step), with the same initial weights and steps, in
+alternating blocks of steps so that both see the same machine. Prints images/s, host syncs per step and held-out
+accuracy for both."""
 
 
 def main(argv=None):
@@ -274,6 +331,12 @@ def main(argv=None):
     parser.add_argument("--samples", type=int, default=None,
                         help="training images to generate (default: %d on a GPU, %d on the CPU; held-out: a fifth, "
                              "at least 1000)" % (GPU_SAMPLES, CPU_SAMPLES))
+    parser.add_argument("--block", type=int, default=None,
+                        help="steps per timed block; the two sides alternate block by block (default: %d on a GPU, "
+                             "%d on the CPU)" % (GPU_BLOCK, CPU_BLOCK))
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch's intra-op threads, for both sides (default: torch's, one per CPU); 1 keeps a "
+                             "machine that other processes load from slowing the run down many times")
     parser.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate (default: 3e-3)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the data and the initial weights (default: 0)")
     parser.add_argument("--only", choices=["gpuaccel", "torch"], help="train one side only")
@@ -291,7 +354,7 @@ def main(argv=None):
     except ImportError:
         print("the demo needs torch: pip install torch", file=sys.stderr)
         return 2
-    for name in ("epochs", "steps", "batch_size", "samples"):
+    for name in ("epochs", "steps", "batch_size", "samples", "block", "threads"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error("--%s must be at least 1, got %d" % (name.replace("_", "-"), getattr(args, name)))
     device = check_device(torch, args.device or ("cuda" if ga.cuda_available() and torch.cuda.is_available()
@@ -303,24 +366,52 @@ def main(argv=None):
     args.batch_size = args.batch_size or (256 if on_gpu else 64)
     args.steps = args.steps or (10 ** 9 if on_gpu else CPU_STEPS)
     args.samples = args.samples or (GPU_SAMPLES if on_gpu else CPU_SAMPLES)
+    args.block = args.block or (GPU_BLOCK if on_gpu else CPU_BLOCK)
     args.warmup = min(10, max(1, args.steps // 10))
+    if args.threads:
+        torch.set_num_threads(args.threads)
     folder = args.data or dataset.default_folder()
     if not args.quiet and not args.json:
         print("gpuaccel demo on %s: generating (once) %d training and %d held-out images in %s"
               % (device, args.samples, args.samples // 5, folder))
     files = dataset.ensure(folder, args.samples, max(1000, args.samples // 5), seed=args.seed)
     fused, plain = _models(torch, gt, args.seed)
-    results = {}
-    runs = [("gpuaccel", train_gpuaccel, fused), ("torch", train_torch, plain)]
-    for position, (name, train, model) in enumerate(runs):
+    models = {"gpuaccel": fused, "torch": plain}
+    sides = []
+    for position, (name, steps) in enumerate((("gpuaccel", _gpuaccel_steps), ("torch", _torch_steps))):
         if args.only and args.only != name:
             continue
-        results[name] = train(torch, model, files, args, device, position)
-        results[name]["accuracy"] = evaluate(torch, model.to(device), files, device, 512)
+        bar = tqdm(total=0, desc="%-8s" % name, position=position, leave=True) \
+            if tqdm and not args.quiet else None
+        train = functools.partial(steps, torch, models[name], files, args, device)
+        sides.append(_Side(name, train, _sync_counter(torch, device) or _Null(), bar))
+    load_before = _machine_load()
+    _interleave(torch, device, sides, args.warmup, args.block)
+    load_after = _machine_load()
+    results = {}
+    for side in sides:
+        if side.bar is not None:
+            side.bar.close()
+        images = sum(i for i, _ in side.blocks)
+        seconds = sum(t for _, t in side.blocks)
+        r = dict(side.results, images_per_s=images / seconds if seconds else float("nan"),
+                 syncs_per_step=None if isinstance(side.counter, _Null) else side.counter.count / max(
+                     side.results["steps"], 1))
+        r["accuracy"] = evaluate(torch, models[side.name].to(device), files, device, 512)
+        results[side.name] = r
+    ratio = None
+    if len(sides) == 2:
+        pairs = _block_ratios(*sides)
+        if pairs:
+            ratio = {"median": statistics.median(pairs), "min": min(pairs), "max": max(pairs), "pairs": len(pairs)}
+    busy = _busy_note(load_before, load_after)
     if args.json:
-        print(json.dumps({"device": str(device), "results": results}, indent=2))
+        out = {"device": str(device), "results": results, "ratio": ratio, "torch_threads": torch.get_num_threads()}
+        if load_before:
+            out.update(load_average=[load_before[0], load_after[0]], cpus=load_before[1])
+        print(json.dumps(out, indent=2))
     else:
-        print(_table(results, device))
+        print(_table(results, device, ratio, busy))
     return 0
 
 

@@ -269,14 +269,51 @@ def test_bench_rejects_unknown_groups():
 
 def test_tiny_demo_learns_well_above_chance(tmp_path):
     out = run("-m", "gpuaccel", "demo", "--device", "cpu", "--samples", "2000", "--steps", "80",
-              "--batch-size", "32", "--json", "--data", str(tmp_path))
+              "--batch-size", "32", "--block", "13", "--threads", "1", "--json", "--data", str(tmp_path))
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     for name in ("gpuaccel", "torch"):
         r = data["results"][name]
-        assert r["steps"] == 62 or r["steps"] == 80  # one epoch of 2000/32 steps caps the run
+        assert r["steps"] == 62  # one epoch of 2000/32 steps caps the run
         assert r["accuracy"] > 0.4, r  # chance is 0.1
         assert r["images_per_s"] > 0
+    # 62 - 6 warm-up steps in blocks of 13: five timed blocks a side, paired back to back
+    ratio = data["ratio"]
+    assert ratio["pairs"] == 5 and ratio["min"] <= ratio["median"] <= ratio["max"]
+    assert data["torch_threads"] == 1 and data["cpus"] == len(os.sched_getaffinity(0))
+
+
+def test_demo_alternates_the_sides_block_by_block():
+    from gpuaccel import demo
+
+    torch = pytest.importorskip("torch")
+    order = []
+
+    def steps(name, count):
+        def train(bar, results):
+            for _ in range(count):
+                order.append(name)
+                yield 4  # images per step
+            results["steps"] = count
+        return train
+
+    sides = [demo._Side("g", steps("g", 12), demo._Null(), None), demo._Side("t", steps("t", 12), demo._Null(), None)]
+    demo._interleave(torch, torch.device("cpu"), sides, 2, 3)
+    # two warm-up steps each, then blocks of 3, the order swapped each round; the last blocks are short
+    assert " ".join("".join(order)[i:j] for i, j in ((0, 2), (2, 4), (4, 7), (7, 10), (10, 13), (13, 16), (16, 19),
+                                                      (19, 22), (22, 23), (23, 24))) == \
+        "gg tt ggg ttt ttt ggg ggg ttt t g"
+    assert sides[0].done and sides[1].done and sides[0].results == {"steps": 12}
+    assert [images for images, _ in sides[0].blocks] == [12, 12, 12, 4] == [i for i, _ in sides[1].blocks]
+    assert len(demo._block_ratios(*sides)) == 4
+
+
+def test_demo_says_when_the_machine_was_busy():
+    from gpuaccel import demo
+
+    assert demo._busy_note((0.5, 2), (1.9, 2)) is None
+    note = demo._busy_note((0.5, 2), (3.2, 2))
+    assert "load average 3.2 on 2 CPUs" in note and "--threads 1" in note
 
 
 def test_demo_only_one_side(tmp_path):
