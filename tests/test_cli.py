@@ -87,6 +87,31 @@ def test_a_healthy_gpu_machine_has_no_errors_and_reports_tf32_bf16():
     assert "H100" in text and "verdict: consistent: nothing to fix" in text
 
 
+def test_the_readme_doctor_sample_is_what_doctor_prints_for_its_machine():
+    # the README shows a CUDA build on a machine without a GPU: the same lines (labels, findings, verdict) as
+    # doctor prints for those facts today, and the architectures a default build compiles for
+    import re
+
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        readme = f.read()
+    sample = readme.split("$ python -m gpuaccel doctor", 1)[1].split("```", 1)[0].splitlines()[1:]
+    facts = consistent_gpu_machine()
+    facts.update(driver_version=None, driver_cuda=None, gpus=[], cuda_available=False, torch_sees_gpu=False,
+                 tf32={"matmul": {"allowed": False, "source": "torch"}, "conv": {"allowed": True, "source": "torch"}})
+    printed = doctor.report(facts, doctor.diagnose(facts)).splitlines()
+
+    def label(line):
+        return line.split()[0] if line.startswith("  ") and not line.startswith("   ") else line.strip()[:5]
+
+    assert [label(line) for line in sample] == [label(line) for line in printed]
+    findings = [line for line in printed if line.startswith(("  warning", "           fix", "  verdict", "  TF32"))]
+    assert findings == [line for line in sample if line.startswith(("  warning", "           fix", "  verdict",
+                                                                    "  TF32"))]
+    with open(os.path.join(ROOT, "setup.py"), encoding="utf-8") as f:
+        archs = re.search(r'DEFAULT_ARCHS = "([\d;]+)"', f.read()).group(1).split(";")
+    assert "kernels for %s" % ", ".join("sm_" + a for a in archs) in "\n".join(sample)
+
+
 @pytest.mark.parametrize("levels, expected", [
     ([], "consistent: nothing to fix"),
     (["ok", "ok"], "consistent: nothing to fix"),
