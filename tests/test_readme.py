@@ -57,3 +57,29 @@ def test_readme_snippet_runs_as_written(code, tmp_path):
     assert run.returncode == 0, "the snippet failed:\n%s\n%s" % (code, run.stderr[-3000:])
     assert not os.listdir(tmp_path), "the snippet left files in its working folder"
     assert not unexplained(run.stderr), run.stderr[-3000:]
+
+
+def _imported(code):
+    return {m.group(1).split(".")[0] for m in re.finditer(r"^\s*(?:import|from)\s+([\w.]+)", code, re.M)}
+
+
+def test_a_block_that_needs_more_than_the_demo_install_says_so():
+    # what `pip install ".[demo]"` brings (and the standard library) goes unsaid; anything else is named in
+    # the block's `# needs:` line, so that a reader without it knows before running it
+    import sys
+
+    brought = {"numpy", "torch", "tqdm", "gpuaccel"} | set(sys.stdlib_module_names)
+    for param in python_blocks():
+        code = param.values[0]
+        needs = re.match(r"# needs: (.*)\n", code)
+        declared = set(needs.group(1).split()) if needs else set()
+        assert _imported(code) - brought <= declared, (param.id, _imported(code) - brought - declared)
+    onnx_block = next(p.values[0] for p in python_blocks() if "onnxruntime" in p.values[0])
+    assert onnx_block.startswith("# needs: onnx onnxscript onnxruntime")
+
+
+def test_the_cpu_torch_advice_comes_before_the_first_install():
+    # a newcomer reads it before starting PyPI's 3 GB CUDA download, with what to do without that index
+    cpu_index = README.index("pip install torch --index-url https://download.pytorch.org/whl/cpu")
+    assert cpu_index < README.index('pip install ".[demo]"') and cpu_index < README.index('pip install ".[test]"')
+    assert "No matching distribution found for torch" in README[:README.index('pip install ".[demo]"')]
