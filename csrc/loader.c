@@ -36,12 +36,15 @@
 #include <unistd.h>
 
 #include "array.h"
+#include "image.h"
 #include "loader.h"
 
 #define GA_LOADER_MAX_SOURCES 16
 #define GA_LOADER_MAX_THREADS 64
 /* rows gathered per task: enough bytes that handing out a task is cheap */
 #define GA_LOADER_CHUNK_BYTES (256 * 1024)
+/* skipped files whose reasons stats() lists (the count covers them all) */
+#define GA_LOADER_SKIP_TEXTS 8
 
 typedef struct {
     int is_file;
@@ -58,7 +61,20 @@ typedef struct {
     ga_dtype dtype;
     int row_ndim;
     int64_t row_shape[GA_MAX_NDIM];
+    int is_images;            /* encoded image files, one per row, decoded into it */
+    const char *paths;        /* images: NUL-terminated paths back to back */
+    const int64_t *path_at;   /* images: where each row's path starts in `paths` */
+    ga_image_transform image; /* images: what each sample becomes */
+    int skip_bad;             /* images: on_error="skip" */
 } loader_source;
+
+/* What a worker thread keeps between rows: its encoded file and its
+ * decoder's buffers, grown to the largest image it met. */
+typedef struct {
+    uint8_t *file;
+    size_t file_cap;
+    ga_image_workspace *ws;
+} loader_worker;
 
 typedef struct {
     ga_block *pinned[GA_LOADER_MAX_SOURCES]; /* CUDA: host staging, one per source */
@@ -71,6 +87,8 @@ typedef struct {
     int opening; /* a worker is preparing the slot */
     int ready;   /* outputs complete (CPU) or queued (CUDA) */
     ga_block *out[GA_LOADER_MAX_SOURCES];
+    uint8_t *skipped; /* per row: a file left out under on_error="skip" */
+    int64_t nskipped; /* (under mu) */
 } loader_slot;
 
 typedef struct {
@@ -100,6 +118,8 @@ typedef struct {
      * like the outputs (a new epoch's workers reuse the last one's pages);
      * the iterator owns them, so a forked child frees them too */
     ga_block *scratch[GA_LOADER_MAX_THREADS];
+    loader_worker workers[GA_LOADER_MAX_THREADS];
+    int has_images;
     pthread_mutex_t mu;
     pthread_cond_t work_cv, ready_cv, consumer_cv;
     pid_t owner_pid;   /* the process whose threads these are (see forked()) */
@@ -115,6 +135,9 @@ typedef struct {
     /* statistics (under mu) */
     int64_t batches_out, samples_out;
     double gather_seconds, copy_seconds, wait_seconds, started_at;
+    int64_t skipped;
+    int nskip_texts;
+    char skip_texts[GA_LOADER_SKIP_TEXTS][640];
 } LoaderIterObject;
 
 static double now_seconds(void)
@@ -357,11 +380,129 @@ static int gather_mapped(LoaderIterObject *it, const loader_source *s, int64_t f
     return 0;
 }
 
+/* ----------------------------------------------------------- images */
+
+/* Reads a whole file into the worker's buffer; 0, or an errno. */
+static int read_image_file(loader_worker *w, const char *path, size_t *size)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return errno;
+    struct stat st;
+    int err = 0;
+    size_t done = 0;
+    uint8_t *grown = NULL;
+    if (fstat(fd, &st) != 0) {
+        err = errno;
+    } else if (!S_ISREG(st.st_mode)) {
+        err = EISDIR;
+    } else if ((size_t)st.st_size > w->file_cap &&
+               !(grown = realloc(w->file, (size_t)st.st_size + (size_t)st.st_size / 2))) {
+        err = ENOMEM;
+    } else {
+        if (grown) {
+            w->file = grown;
+            w->file_cap = (size_t)st.st_size + (size_t)st.st_size / 2;
+        }
+        while (done < (size_t)st.st_size) {
+            ssize_t n = read(fd, w->file + done, (size_t)st.st_size - done);
+            if (n < 0 && errno == EINTR)
+                continue;
+            if (n <= 0) { /* n == 0: cut shorter since the fstat; decoding says so */
+                err = n < 0 ? errno : 0;
+                break;
+            }
+            done += (size_t)n;
+        }
+    }
+    close(fd);
+    *size = done;
+    return err;
+}
+
+/* Row `row` of the slot's batch: sample `sample` decoded into dst.  A file
+ * that cannot be read or decoded fails the epoch, or under
+ * on_error="skip" is left out of the batch (compact_slot), counted, and
+ * its reason kept for stats(). */
+static int decode_row(LoaderIterObject *it, loader_slot *slot, loader_worker *w,
+                      const loader_source *s, int64_t row, int64_t sample, uint8_t *dst)
+{
+    const char *path = s->paths + s->path_at[sample];
+    char text[640];
+    size_t size = 0;
+    int err = read_image_file(w, path, &size);
+    if (err == ENOMEM) {
+        fail(it, GA_STATUS(GA_ERR_HOST_OUT_OF_MEMORY, "no memory to read an image file"), 0, NULL);
+        return -1;
+    }
+    if (err) {
+        snprintf(text, sizeof text, "reading '%s' (sample %lld) failed: %s", path,
+                 (long long)sample, strerror(err));
+    } else {
+        ga_status status = ga_cpu_decode_image(w->file, size, &s->image, sample, dst, w->ws, NULL);
+        if (!status.error)
+            return 0;
+        if (status.error == GA_ERR_HOST_OUT_OF_MEMORY || !ga_cpu_jpeg_available()) {
+            fail(it, status, 0, NULL);
+            return -1;
+        }
+        err = EIO;
+        snprintf(text, sizeof text, "'%s' (sample %lld): %s", path, (long long)sample,
+                 status.message);
+    }
+    if (!s->skip_bad) {
+        size_t n = strlen(text);
+        snprintf(text + n, sizeof text - n,
+                 " (PinnedLoader(..., on_error=\"skip\") leaves such files out of their batch "
+                 "and counts them in stats())");
+        fail(it, ga_ok(), err, text);
+        return -1;
+    }
+    memset(dst, 0, (size_t)s->row_bytes);
+    pthread_mutex_lock(&it->mu);
+    slot->skipped[row] = 1;
+    slot->nskipped++;
+    it->skipped++;
+    if (it->nskip_texts < GA_LOADER_SKIP_TEXTS)
+        snprintf(it->skip_texts[it->nskip_texts++], sizeof it->skip_texts[0], "%s", text);
+    pthread_mutex_unlock(&it->mu);
+    return 0;
+}
+
+/* Drops the rows of skipped files from every source's rows of the batch
+ * (the staging buffers on CUDA, the outputs on the CPU), keeping the
+ * others in order. */
+static void compact_slot(LoaderIterObject *it, loader_slot *slot)
+{
+    int cuda = it->device.type == GA_DEVICE_CUDA;
+    for (int i = 0; i < it->nsources; i++) {
+        char *base = cuda ? slot->pinned[i]->ptr : slot->out[i]->ptr;
+        int64_t bytes =
+            cuda || !(i == 0 && it->has_transform) ? it->src[i].row_bytes : it->transform_row_bytes;
+        int64_t kept = 0;
+        for (int64_t r = 0; r < slot->rows; r++) {
+            if (slot->skipped[r])
+                continue;
+            if (kept != r)
+                memmove(base + kept * bytes, base + r * bytes, (size_t)bytes);
+            kept++;
+        }
+    }
+    slot->rows -= slot->nskipped;
+}
+
 /* Gathers rows [r0, r1) of the batch starting at sample `first` into dst
  * (rows back to back), reading runs of consecutive indices at once. */
-static int gather_rows(LoaderIterObject *it, const loader_source *s, int64_t first, int64_t r0,
-                       int64_t r1, char *dst)
+static int gather_rows(LoaderIterObject *it, loader_slot *slot, loader_worker *w,
+                       const loader_source *s, int64_t first, int64_t r0, int64_t r1, char *dst)
 {
+    if (s->is_images) {
+        const int64_t *idx = it->indices + first;
+        for (int64_t r = r0; r < r1; r++)
+            if (decode_row(it, slot, w, s, r, idx[r], (uint8_t *)dst + (r - r0) * s->row_bytes) < 0)
+                return -1;
+        return 0;
+    }
     if (s->map)
         return gather_mapped(it, s, first, r0, r1, dst);
     const int64_t *idx = it->indices + first;
@@ -389,6 +530,8 @@ static int gather_rows(LoaderIterObject *it, const loader_source *s, int64_t fir
 
 static int64_t chunk_rows(LoaderIterObject *it)
 {
+    if (it->has_images)
+        return 1; /* a decode takes about a millisecond: share them out one by one */
     int64_t bytes = 0;
     for (int i = 0; i < it->nsources; i++)
         bytes += it->src[i].row_bytes;
@@ -396,7 +539,8 @@ static int64_t chunk_rows(LoaderIterObject *it)
     return rows < 1 ? 1 : rows;
 }
 
-static int gather_chunk_rows(LoaderIterObject *it, loader_slot *slot, int64_t chunk, char *scratch)
+static int gather_chunk_rows(LoaderIterObject *it, loader_slot *slot, int64_t chunk,
+                             loader_worker *w, char *scratch)
 {
     int64_t per = chunk_rows(it);
     int64_t r0 = chunk * per, r1 = r0 + per < slot->rows ? r0 + per : slot->rows;
@@ -406,11 +550,11 @@ static int gather_chunk_rows(LoaderIterObject *it, loader_slot *slot, int64_t ch
         int cuda = it->device.type == GA_DEVICE_CUDA;
         if (cuda) {
             char *dst = (char *)slot->pinned[i]->ptr + r0 * s->row_bytes;
-            if (gather_rows(it, s, first, r0, r1, dst) < 0)
+            if (gather_rows(it, slot, w, s, first, r0, r1, dst) < 0)
                 return -1;
         } else if (i == 0 && it->has_transform) {
             /* raw rows into scratch, normalized straight into the output */
-            if (gather_rows(it, s, first, r0, r1, scratch) < 0)
+            if (gather_rows(it, slot, w, s, first, r0, r1, scratch) < 0)
                 return -1;
             ga_normalize_desc d = it->transform;
             d.src = (const uint8_t *)scratch;
@@ -426,7 +570,7 @@ static int gather_chunk_rows(LoaderIterObject *it, loader_slot *slot, int64_t ch
             }
         } else {
             char *dst = (char *)slot->out[i]->ptr + r0 * s->row_bytes;
-            if (gather_rows(it, s, first, r0, r1, dst) < 0)
+            if (gather_rows(it, slot, w, s, first, r0, r1, dst) < 0)
                 return -1;
         }
     }
@@ -435,10 +579,11 @@ static int gather_chunk_rows(LoaderIterObject *it, loader_slot *slot, int64_t ch
 
 /* A chunk of the batch gathered inside an NVTX range (the workers' share of
  * the loader's work, beside the copies of finish_slot). */
-static int gather_chunk(LoaderIterObject *it, loader_slot *slot, int64_t chunk, char *scratch)
+static int gather_chunk(LoaderIterObject *it, loader_slot *slot, int64_t chunk, loader_worker *w,
+                        char *scratch)
 {
     ga_cuda_range_push("gpuaccel::loader_gather");
-    int rc = gather_chunk_rows(it, slot, chunk, scratch);
+    int rc = gather_chunk_rows(it, slot, chunk, w, scratch);
     ga_cuda_range_pop();
     return rc;
 }
@@ -492,6 +637,9 @@ static int open_slot(LoaderIterObject *it, loader_slot *slot, int64_t batch)
     }
     slot->rows = rows;
     slot->nchunks = (rows + chunk_rows(it) - 1) / chunk_rows(it);
+    if (slot->skipped)
+        memset(slot->skipped, 0, (size_t)it->batch_size);
+    slot->nskipped = 0;
     return 0;
 }
 
@@ -538,6 +686,7 @@ static void *worker_main(void *arg)
     LoaderIterObject *it = (LoaderIterObject *)arg;
     int worker = atomic_fetch_add(&it->worker_ids, 1);
     char *scratch = it->scratch[worker] ? it->scratch[worker]->ptr : NULL;
+    loader_worker *w = &it->workers[worker];
     if (it->device.type == GA_DEVICE_CUDA) {
         ga_status status = ga_cuda_thread_init(it->device.index);
         if (status.error) {
@@ -578,7 +727,7 @@ static void *worker_main(void *arg)
         int64_t chunk = slot->next_chunk++;
         pthread_mutex_unlock(&it->mu);
         double t0 = now_seconds();
-        int rc = gather_chunk(it, slot, chunk, scratch);
+        int rc = gather_chunk(it, slot, chunk, w, scratch);
         double spent = now_seconds() - t0;
         pthread_mutex_lock(&it->mu);
         it->gather_seconds += spent;
@@ -586,6 +735,8 @@ static void *worker_main(void *arg)
             break;
         if (++slot->done_chunks == slot->nchunks) {
             pthread_mutex_unlock(&it->mu);
+            if (slot->nskipped) /* every row is written: nobody else touches the slot */
+                compact_slot(it, slot);
             rc = finish_slot(it, slot);
             pthread_mutex_lock(&it->mu);
             if (rc < 0)
@@ -627,6 +778,13 @@ static void release_scratch(LoaderIterObject *it)
     for (int t = 0; t < GA_LOADER_MAX_THREADS; t++) {
         ga_block_free(it->scratch[t]);
         it->scratch[t] = NULL;
+        free(it->workers[t].file);
+        ga_cpu_image_workspace_free(it->workers[t].ws);
+        memset(&it->workers[t], 0, sizeof it->workers[t]);
+    }
+    for (int k = 0; it->slots && k < it->nslots; k++) {
+        free(it->slots[k].skipped);
+        it->slots[k].skipped = NULL;
     }
 }
 
@@ -780,6 +938,58 @@ static int map_source(loader_source *s, PyObject *previous)
     return 0;
 }
 
+/* ("images", paths, offsets, transform spec, epoch, skip): `paths` a uint8
+ * array of NUL-terminated paths back to back, `offsets` an int64 array of
+ * where each sample's starts (gpuaccel/images.py builds both once). */
+static int parse_images(LoaderIterObject *it, PyObject *spec, loader_source *s, int index)
+{
+    const char *kind;
+    PyObject *paths, *offsets, *transform;
+    long long epoch;
+    int skip;
+    if (!PyArg_ParseTuple(spec, "sOOOLp", &kind, &paths, &offsets, &transform, &epoch, &skip))
+        return -1;
+    if (!PyArray_Check(paths) || PyArray_TYPE((PyArrayObject *)paths) != NPY_UINT8 ||
+        PyArray_NDIM((PyArrayObject *)paths) != 1 ||
+        !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)paths) || !PyArray_Check(offsets) ||
+        PyArray_TYPE((PyArrayObject *)offsets) != NPY_INT64 ||
+        PyArray_NDIM((PyArrayObject *)offsets) != 1 ||
+        !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)offsets)) {
+        PyErr_Format(PyExc_TypeError,
+                     "source %d: images need a contiguous uint8 array of paths "
+                     "and an int64 array of their offsets",
+                     index);
+        return -1;
+    }
+    s->paths = (const char *)PyArray_DATA((PyArrayObject *)paths);
+    s->path_at = (const int64_t *)PyArray_DATA((PyArrayObject *)offsets);
+    s->nrows = PyArray_DIM((PyArrayObject *)offsets, 0);
+    int64_t blob = PyArray_DIM((PyArrayObject *)paths, 0);
+    if (blob < 1 || s->paths[blob - 1] != '\0') {
+        PyErr_Format(PyExc_ValueError, "source %d: the paths must end with a NUL byte", index);
+        return -1;
+    }
+    for (int64_t k = 0; k < s->nrows; k++) {
+        if (s->path_at[k] < 0 || s->path_at[k] >= blob) {
+            PyErr_Format(PyExc_ValueError, "source %d: path offset %lld is outside the paths",
+                         index, (long long)s->path_at[k]);
+            return -1;
+        }
+    }
+    if (ga_image_transform_from_object(transform, epoch, &s->image) < 0)
+        return -1;
+    s->is_images = 1;
+    s->skip_bad = skip;
+    s->dtype = GA_UINT8;
+    s->row_ndim = 3;
+    s->row_shape[0] = s->image.out_h, s->row_shape[1] = s->image.out_w, s->row_shape[2] = 3;
+    s->row_bytes = s->image.out_h * s->image.out_w * 3;
+    it->has_images = 1;
+    if (PyList_Append(it->owners, paths) < 0 || PyList_Append(it->owners, offsets) < 0)
+        return -1;
+    return 0;
+}
+
 static int parse_source(ga_state *st, LoaderIterObject *it, PyObject *spec, loader_source *s,
                         int index, PyObject *previous_mapping)
 {
@@ -867,6 +1077,8 @@ static int parse_source(ga_state *st, LoaderIterObject *it, PyObject *spec, load
         }
         return map_source(s, previous_mapping);
     }
+    if (strcmp(kind, "images") == 0)
+        return parse_images(it, spec, s, index);
     PyErr_Format(PyExc_TypeError, "source %d: unknown kind '%s'", index, kind);
     return -1;
 }
@@ -1050,6 +1262,20 @@ static PyObject *LoaderIter_new(PyTypeObject *type, PyObject *args, PyObject *kw
                                         (size_t)(chunk_rows(it) * it->src[0].row_bytes), NULL);
         if (!it->scratch[t])
             goto error;
+    }
+    for (int t = 0; t < num_threads && it->has_images; t++) {
+        it->workers[t].ws = ga_cpu_image_workspace_new();
+        if (!it->workers[t].ws) {
+            PyErr_NoMemory();
+            goto error;
+        }
+    }
+    for (int k = 0; k < it->nslots && it->has_images; k++) {
+        it->slots[k].skipped = calloc((size_t)it->batch_size, 1);
+        if (!it->slots[k].skipped) {
+            PyErr_NoMemory();
+            goto error;
+        }
     }
     it->nthreads = num_threads;
     it->started_at = now_seconds();
@@ -1266,16 +1492,37 @@ static PyObject *LoaderIter_stats(LoaderIterObject *it, PyObject *unused)
     if (locked)
         pthread_mutex_lock(&it->mu);
     double elapsed = now_seconds() - it->started_at;
-    PyObject *r = Py_BuildValue(
-        "{s:L,s:L,s:L,s:d,s:d,s:d,s:d,s:d,s:i,s:i}", "batches", (long long)it->batches_out,
-        "samples", (long long)it->samples_out, "batches_per_epoch", (long long)it->num_batches,
-        "elapsed_seconds", elapsed, "samples_per_second",
-        elapsed > 0 ? (double)it->samples_out / elapsed : 0.0, "gather_seconds", it->gather_seconds,
-        "copy_seconds", it->copy_seconds, "consumer_wait_seconds", it->wait_seconds, "threads",
-        it->nthreads, "ring_slots", it->nslots);
+    PyObject *skipped_files = PyList_New(it->nskip_texts);
+    for (int k = 0; skipped_files && k < it->nskip_texts; k++) {
+        PyObject *text = PyUnicode_DecodeUTF8(it->skip_texts[k],
+                                              (Py_ssize_t)strlen(it->skip_texts[k]), "replace");
+        if (!text)
+            Py_CLEAR(skipped_files);
+        else
+            PyList_SET_ITEM(skipped_files, k, text);
+    }
+    PyObject *r =
+        skipped_files
+            ? Py_BuildValue(
+                  "{s:L,s:L,s:L,s:d,s:d,s:d,s:d,s:d,s:i,s:i,s:L,s:N}", "batches",
+                  (long long)it->batches_out, "samples", (long long)it->samples_out,
+                  "batches_per_epoch", (long long)it->num_batches, "elapsed_seconds", elapsed,
+                  "samples_per_second", elapsed > 0 ? (double)it->samples_out / elapsed : 0.0,
+                  "gather_seconds", it->gather_seconds, "copy_seconds", it->copy_seconds,
+                  "consumer_wait_seconds", it->wait_seconds, "threads", it->nthreads, "ring_slots",
+                  it->nslots, "skipped", (long long)it->skipped, "skipped_files", skipped_files)
+            : NULL;
     if (locked)
         pthread_mutex_unlock(&it->mu);
     return r;
+}
+
+static PyObject *LoaderIter_jpeg_version(PyObject *unused, PyObject *unused2)
+{
+    (void)unused, (void)unused2;
+    if (!ga_cpu_jpeg_available())
+        Py_RETURN_NONE;
+    return PyUnicode_FromString(ga_cpu_jpeg_version());
 }
 
 static PyObject *LoaderIter_get_remaining(LoaderIterObject *it, void *c)
@@ -1333,6 +1580,15 @@ static PyMethodDef LoaderIter_methods[] = {
     {"close", (PyCFunction)LoaderIter_close, METH_NOARGS,
      "Stops and joins the worker threads and frees the ring."},
     {"stats", (PyCFunction)LoaderIter_stats, METH_NOARGS, NULL},
+    {"image_geometry", (PyCFunction)(void (*)(void))ga_image_geometry_method,
+     METH_VARARGS | METH_KEYWORDS | METH_STATIC,
+     "image_geometry(width, height, spec, index, epoch=0) -> dict: the crop, resize and flip "
+     "sample `index` draws"},
+    {"decode_image", (PyCFunction)(void (*)(void))ga_image_decode_method,
+     METH_VARARGS | METH_KEYWORDS | METH_STATIC,
+     "decode_image(data, spec, index, epoch=0) -> (uint8 HWC ndarray, geometry dict)"},
+    {"jpeg_version", (PyCFunction)LoaderIter_jpeg_version, METH_NOARGS | METH_STATIC,
+     "libjpeg-turbo's version, or None in a build without it"},
     {NULL, NULL, 0, NULL},
 };
 

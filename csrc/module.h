@@ -18,7 +18,7 @@
  *   ops.c                        what the ops share: settings, statistics,
  *                                workspaces, operands, results, streams
  *   matmul.c, conv.c             the ops: matmul, linear, conv2d, backward
- *   loader.c, logger.c           PinnedLoader and LossLogger
+ *   image.c, loader.c, logger.c  image specs; PinnedLoader and LossLogger
  *   module.c                     the module: types, method table
  */
 #ifndef GPUACCEL_MODULE_H

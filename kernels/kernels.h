@@ -476,6 +476,93 @@ GA_HD double ga_normalize_value(const ga_normalize_desc *d, uint8_t x, int64_t c
 ga_status ga_cpu_normalize_images(const ga_normalize_desc *desc);
 ga_status ga_cuda_normalize_images(int device, const ga_normalize_desc *desc, ga_stream stream);
 
+/* ================================================================ images */
+
+/* One axis of a resize: output pixel k has its center at input coordinate
+ * origin + (k + 0.5) * scale (input pixel i spans [i, i + 1)); only input
+ * pixels [lo, hi) exist for it (the crop).  kernels/image.h has the filter. */
+typedef struct {
+    double origin, scale;
+    int64_t lo, hi;
+} ga_resize_axis;
+
+/* What a sample's image becomes: an out_h x out_w x 3 uint8 image whose
+ * rows [y0, y0 + ny) and columns [x0, x0 + nx) are the resize (ry, rx) of
+ * the source, mirrored left to right when `flip`, and zero elsewhere
+ * (a center crop larger than the image pads, as torchvision's does). */
+typedef struct {
+    int64_t out_h, out_w;
+    int64_t y0, x0, ny, nx;
+    ga_resize_axis ry, rx;
+    int flip;
+    /* in source pixels, for the caller: the crop (RandomResizedCrop's top,
+     * left, height, width) or, after a Resize, the resized size in h, w */
+    int64_t crop_top, crop_left, crop_h, crop_w;
+} ga_image_geometry;
+
+/* A training or evaluation pipeline, drawn per sample from (seed, epoch,
+ * sample index): torchvision's RandomResizedCrop, or Resize then
+ * CenterCrop, then RandomHorizontalFlip. */
+typedef struct {
+    int64_t out_h, out_w;
+    int random_crop; /* RandomResizedCrop(out, scale, ratio) */
+    double scale_lo, scale_hi, log_ratio_lo, log_ratio_hi;
+    /* otherwise: resize_short > 0 makes the shorter side that long (the
+     * longer int(resize_short * long / short)), resize_h/resize_w > 0 that
+     * size, neither keeps the size; then out_h x out_w from the center */
+    int64_t resize_short, resize_h, resize_w;
+    double flip_p;
+    uint64_t seed;
+    int64_t epoch;
+    /* the CPU decoder may decode at 1/2, 1/4 or 1/8 scale (libjpeg's DCT
+     * scaling) when the crop stays at least the output size */
+    int dct_scaling;
+} ga_image_transform;
+
+/* The geometry of sample `index` (its drawing depends on nothing else)
+ * for a source image of width x height. */
+void ga_image_plan(const ga_image_transform *t, int64_t index, int64_t width, int64_t height,
+                   ga_image_geometry *g);
+
+typedef enum { GA_IMAGE_UNKNOWN = 0, GA_IMAGE_JPEG, GA_IMAGE_PNG } ga_image_format;
+
+/* What a file's first bytes say it is. */
+ga_image_format ga_image_format_of(const uint8_t *data, size_t size);
+
+/* A decoder's buffers, grown as images need and kept between images (one
+ * per worker thread). */
+typedef struct ga_image_workspace ga_image_workspace;
+ga_image_workspace *ga_cpu_image_workspace_new(void);
+void ga_cpu_image_workspace_free(ga_image_workspace *ws);
+
+/* 1 when this build decodes JPEG on the CPU (libjpeg-turbo was found). */
+int ga_cpu_jpeg_available(void);
+/* libjpeg-turbo's version as "2.1.5" (empty without it). */
+const char *ga_cpu_jpeg_version(void);
+
+/* Width and height of an encoded JPEG image, from its header. */
+ga_status ga_cpu_image_size(const uint8_t *data, size_t size, int64_t *width, int64_t *height,
+                            ga_image_workspace *ws);
+
+/* Decodes the image in data[0, size) into dst (t->out_h x t->out_w x 3
+ * uint8, dense) as sample `index` of the transform: only the crop's rows
+ * and columns, at libjpeg's smallest DCT scale still at least the output
+ * size where t allows it, one antialiased resize, the flip.  Grayscale
+ * becomes three equal channels; CMYK and YCCK become RGB.  A damaged file
+ * is an error (GA_ERR_INVALID_VALUE, with libjpeg's message), never a
+ * partly gray image; a file of another format is GA_ERR_NOT_SUPPORTED.
+ * `geometry` (may be NULL) receives the sample's geometry. */
+ga_status ga_cpu_decode_image(const uint8_t *data, size_t size, const ga_image_transform *t,
+                              int64_t index, uint8_t *dst, ga_image_workspace *ws,
+                              ga_image_geometry *geometry);
+
+/* The resize of a decoded image on the CPU (the reference the GPU's is
+ * checked against): src is h x w x 3 uint8 holding source rows
+ * [g->ry.lo, ...) and columns [g->rx.lo, ...) of the geometry (src_h x
+ * src_w, dense), dst as ga_cpu_decode_image's. */
+ga_status ga_cpu_resize_image(const uint8_t *src, int64_t src_h, int64_t src_w,
+                              const ga_image_geometry *g, uint8_t *dst, ga_image_workspace *ws);
+
 /* ================================================================ logger */
 
 /* A LossLogger's accumulation state, one allocation in device (CUDA
