@@ -55,6 +55,30 @@ static PyObject *geometry_dict(const ga_image_geometry *g)
         (long long)g->ry.hi, "cols", (long long)g->rx.lo, (long long)g->rx.hi);
 }
 
+PyObject *ga_image_size_method(PyObject *unused, PyObject *arg)
+{
+    (void)unused;
+    Py_buffer data;
+    if (PyObject_GetBuffer(arg, &data, PyBUF_SIMPLE) < 0)
+        return NULL;
+    int64_t width = 0, height = 0;
+    ga_image_workspace *ws = ga_cpu_image_workspace_new();
+    ga_status status =
+        ws ? ga_cpu_image_size((const uint8_t *)data.buf, (size_t)data.len, &width, &height, ws)
+           : GA_STATUS(GA_ERR_HOST_OUT_OF_MEMORY, "no memory");
+    PyBuffer_Release(&data);
+    PyObject *result = NULL;
+    if (status.error == GA_ERR_HOST_OUT_OF_MEMORY)
+        PyErr_NoMemory();
+    else if (status.error)
+        PyErr_Format(ga_cpu_jpeg_available() ? PyExc_OSError : PyExc_RuntimeError, "image_size: %s",
+                     status.message);
+    else
+        result = Py_BuildValue("(LL)", (long long)width, (long long)height);
+    ga_cpu_image_workspace_free(ws);
+    return result;
+}
+
 PyObject *ga_image_geometry_method(PyObject *unused, PyObject *args, PyObject *kwargs)
 {
     (void)unused;

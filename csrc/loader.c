@@ -1085,10 +1085,10 @@ static int parse_source(ga_state *st, LoaderIterObject *it, PyObject *spec, load
 
 static int parse_transform(ga_state *st, LoaderIterObject *it, PyObject *obj)
 {
-    /* (scale list, shift list, dtype, nchw) applied to source 0 */
+    /* (scale list, shift list, dtype, nchw[, src_chw]) applied to source 0 */
     PyObject *scale, *shift, *dtype_obj;
-    int nchw;
-    if (!PyArg_ParseTuple(obj, "OOOp", &scale, &shift, &dtype_obj, &nchw))
+    int nchw, src_chw = 0;
+    if (!PyArg_ParseTuple(obj, "OOOp|p", &scale, &shift, &dtype_obj, &nchw, &src_chw))
         return -1;
     loader_source *s = &it->src[0];
     if (s->dtype != GA_UINT8 || s->row_ndim != 3) {
@@ -1098,9 +1098,10 @@ static int parse_transform(ga_state *st, LoaderIterObject *it, PyObject *obj)
     }
     ga_normalize_desc *d = &it->transform;
     memset(d, 0, sizeof *d);
-    d->h = s->row_shape[0];
-    d->w = s->row_shape[1];
-    d->c = s->row_shape[2];
+    d->src_chw = src_chw;
+    d->h = s->row_shape[src_chw ? 1 : 0];
+    d->w = s->row_shape[src_chw ? 2 : 1];
+    d->c = s->row_shape[src_chw ? 0 : 2];
     d->nchw = nchw;
     if (ga_dtype_from_object(st, dtype_obj, &d->dtype, "dtype") < 0)
         return -1;
@@ -1587,6 +1588,8 @@ static PyMethodDef LoaderIter_methods[] = {
     {"decode_image", (PyCFunction)(void (*)(void))ga_image_decode_method,
      METH_VARARGS | METH_KEYWORDS | METH_STATIC,
      "decode_image(data, spec, index, epoch=0) -> (uint8 HWC ndarray, geometry dict)"},
+    {"image_size", (PyCFunction)ga_image_size_method, METH_O | METH_STATIC,
+     "image_size(data) -> (width, height) of an encoded JPEG"},
     {"jpeg_version", (PyCFunction)LoaderIter_jpeg_version, METH_NOARGS | METH_STATIC,
      "libjpeg-turbo's version, or None in a build without it"},
     {NULL, NULL, 0, NULL},

@@ -440,9 +440,9 @@ void ga_cuda_plan_cache_stats(uint64_t *matmul_hits, uint64_t *matmul_misses, ui
 #define GA_NORMALIZE_MAX_CHANNELS 64
 
 /* The loader's image transform: src is n images of h x w x c uint8 (dense,
- * channels last); out = fma(x, scale[ch], shift[ch]) — in float (in double
- * for a float64 output) — converted to `dtype`, written dense as
- * n x c x h x w (nchw) or n x h x w x c.
+ * channels last; c x h x w when src_chw); out = fma(x, scale[ch],
+ * shift[ch]) — in float (in double for a float64 output) — converted to
+ * `dtype`, written dense as n x c x h x w (nchw) or n x h x w x c.
  * (scale = factor/std, shift = -mean/std: (x*factor - mean)/std.) */
 typedef struct {
     const uint8_t *src;
@@ -450,6 +450,7 @@ typedef struct {
     ga_dtype dtype;
     int64_t n, h, w, c;
     int nchw;
+    int src_chw; /* the source is channels first (torchvision's tensors) */
     /* CPU: run on the calling thread only (its caller, the loader, already
      * splits the work between threads); otherwise the CPU worker pool */
     int in_caller;
