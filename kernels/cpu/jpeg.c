@@ -229,9 +229,23 @@ static int decode(struct jpeg_decompress_struct *cinfo, const uint8_t *data, siz
     if (ends_with_eoi(data, size)) {
         jpeg_abort_decompress(cinfo);
     } else {
-        /* no end marker near the end: decode the rest to see it is whole */
-        if (cinfo->output_scanline < cinfo->output_height)
-            jpeg_skip_scanlines(cinfo, cinfo->output_height - cinfo->output_scanline);
+        /* no end marker near the end: decode the rest to see it is whole.
+         * The last row is read, not skipped: skipping to the very end
+         * marks the input finished without reading it. */
+        JDIMENSION left = cinfo->output_height - cinfo->output_scanline;
+        if (left > 1)
+            jpeg_skip_scanlines(cinfo, left - 1);
+        if (left > 0) {
+            JSAMPROW line = ws->line;
+            size_t bytes = (size_t)cinfo->output_width * (size_t)(cinfo->output_components + 3);
+            if (ga_image_reserve((void **)&ws->line, &ws->line_cap, bytes) < 0) {
+                snprintf(ws->message, sizeof ws->message,
+                         "out of memory for the decoder's buffers");
+                return -1;
+            }
+            line = ws->line;
+            jpeg_read_scanlines(cinfo, &line, 1);
+        }
         jpeg_finish_decompress(cinfo);
     }
     ga_image_resizer_finish(ws, &g, dst);
