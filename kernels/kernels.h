@@ -557,12 +557,52 @@ ga_status ga_cpu_decode_image(const uint8_t *data, size_t size, const ga_image_t
                               int64_t index, uint8_t *dst, ga_image_workspace *ws,
                               ga_image_geometry *geometry);
 
-/* The resize of a decoded image on the CPU (the reference the GPU's is
- * checked against): src is h x w x 3 uint8 holding source rows
- * [g->ry.lo, ...) and columns [g->rx.lo, ...) of the geometry (src_h x
- * src_w, dense), dst as ga_cpu_decode_image's. */
-ga_status ga_cpu_resize_image(const uint8_t *src, int64_t src_h, int64_t src_w,
+/* The resize of a decoded image on the CPU (the twin of the GPU's): src
+ * is the whole src_h x src_w x 3 uint8 image, rows src_pitch bytes apart,
+ * dst as ga_cpu_decode_image's. */
+ga_status ga_cpu_resize_image(const uint8_t *src, int64_t src_h, int64_t src_w, int64_t src_pitch,
                               const ga_image_geometry *g, uint8_t *dst, ga_image_workspace *ws);
+
+/* ------------------------------------------------------ images on the GPU */
+
+/* One image resized on the device: src is src_h x src_w x 3 uint8 (rows
+ * src_pitch bytes apart), the whole decoded image (the geometry's
+ * coordinates are its pixels); dst is g.out_h x g.out_w x 3, dense. */
+typedef struct {
+    const uint8_t *src;
+    int64_t src_h, src_w, src_pitch;
+    uint8_t *dst;
+    ga_image_geometry g;
+} ga_resize_job;
+
+/* Queues the resizes of n images on `stream` (the CPU twin: ga_cpu_resize_image,
+ * which rounds to uint8 between its two passes: the two agree within a
+ * unit or two). */
+ga_status ga_cuda_resize_images(int device, const ga_resize_job *jobs, int n, ga_stream stream);
+
+/* nvJPEG: JPEG decoding on the device, with the A100/H100 hardware
+ * decoder where there is one.  A decoder is used by one thread at a time. */
+typedef struct ga_jpeg_decoder ga_jpeg_decoder;
+
+/* 1 when this build decodes JPEG on the GPU (nvJPEG was found). */
+int ga_cuda_nvjpeg_available(void);
+/* nvJPEG's version "13.3.2" (empty without it). */
+const char *ga_cuda_nvjpeg_version(void);
+/* *hardware: 1 when the hardware decoder backs it. */
+ga_status ga_cuda_jpeg_decoder_create(int device, ga_jpeg_decoder **out, int *hardware);
+void ga_cuda_jpeg_decoder_destroy(ga_jpeg_decoder *decoder);
+/* Width and height from a JPEG's header (nvJPEG's parser). */
+ga_status ga_cuda_jpeg_image_size(ga_jpeg_decoder *decoder, const uint8_t *data, size_t size,
+                                  int64_t *width, int64_t *height);
+/* Decodes n JPEGs (data[i]: sizes[i] bytes of host memory that stays
+ * untouched until the stream has passed this work) into dst[i]: widths[i]
+ * x heights[i] interleaved RGB on the device, pitch widths[i] * 3, queued
+ * on `stream`.  An image nvJPEG cannot decode sets bad[i] = 1 (its dst
+ * left unwritten) and the others still decode; the status reports only
+ * failures of the device or the library. */
+ga_status ga_cuda_decode_jpegs(ga_jpeg_decoder *decoder, int n, const uint8_t *const *data,
+                               const size_t *sizes, uint8_t *const *dst, const int64_t *widths,
+                               const int64_t *heights, int *bad, ga_stream stream);
 
 /* ================================================================ logger */
 

@@ -756,13 +756,14 @@ def conv_cases(rng):
 def normalize_cases(rng):
     cases = []
     for k, dtype in enumerate(FLOATS):
-        for nchw in (0, 1):
+        for nchw, src_chw in ((0, 0), (1, 0), (k % 2, 1)):  # channels-first sources: torchvision's tensors
             n, h, w, ch = 3, 5, 7 + k, 3
             src = rng.integers(0, 256, size=(n, h, w, ch)).astype(np.uint8)
             scale = rng.uniform(0.001, 0.05, ch)
             shift = rng.uniform(-2, 2, ch)
-            c = Case("normalize %s nchw=%d" % (dtype, nchw), "normalize")
-            c.ptr("src", src)
+            c = Case("normalize %s nchw=%d src_chw=%d" % (dtype, nchw, src_chw), "normalize")
+            c.ptr("src", np.ascontiguousarray(src.transpose(0, 3, 1, 2)) if src_chw else src)
+            c.ints("src_chw", src_chw)
             out_shape = (n, ch, h, w) if nchw else (n, h, w, ch)
             c.ptr("dst", poison(out_shape, dtype), written=True)
             c.dtype("dtype", dtype)
@@ -784,6 +785,75 @@ def normalize_cases(rng):
                 assert_within(out["dst"], ref, 4 * EPS[acc] * (np.abs(ref) + 3) + rounding_bound(ref, dtype), "dst")
             c.check = check
             cases.append(c)
+    return cases
+
+
+# ---------------------------------------------------------------- resize
+
+
+def resize_axis64(origin, scale, lo, hi, n):
+    """torch's antialiased bilinear weights (upsample_bilinear2d_aa) of n
+    output pixels over input pixels [lo, hi): a float64 matrix."""
+    support = scale if scale >= 1 else 1.0
+    inv = 1.0 / scale if scale >= 1 else 1.0
+    weights = np.zeros((n, hi - lo))
+    for k in range(n):
+        center = origin - lo + scale * (k + 0.5)
+        first, last = max(int(center - support + 0.5), 0), min(int(center + support + 0.5), hi - lo)
+        for j in range(first, last):
+            weights[k, j] = max(0.0, 1.0 - abs((j - center + 0.5) * inv))
+        weights[k] /= weights[k].sum()
+    return weights
+
+
+def resize_cases(rng):
+    """Crops of odd-sized images resized down and up, flipped or not, and a
+    center crop larger than its image (zero padding), against float64."""
+    cases = []
+    for k in range(6):
+        src_h, src_w = int(rng.integers(9, 70)), int(rng.integers(9, 70))
+        pitch = src_w * 3 + int(rng.integers(0, 5))
+        src = rng.integers(0, 256, size=(src_h, pitch), dtype=np.uint8)
+        if k < 5:
+            h, w = int(rng.integers(1, src_h + 1)), int(rng.integers(1, src_w + 1))
+            top, left = int(rng.integers(0, src_h - h + 1)), int(rng.integers(0, src_w - w + 1))
+            out = (int(rng.integers(3, 40)), int(rng.integers(3, 40)))
+            placed = (0, 0) + out
+            ry, rx = (top, h / out[0], top, top + h), (left, w / out[1], left, left + w)
+        else:  # a center crop of the image at its size, larger than it: padded
+            out = (src_h + 5, src_w + 2)
+            placed = (2, 1, src_h, src_w)
+            ry, rx = (0.0, 1.0, 0, src_h), (0.0, 1.0, 0, src_w)
+        flip = k % 2
+        c = Case("resize %dx%d -> %dx%d flip=%d" % (src_h, src_w, out[0], out[1], flip), "resize")
+        c.ptr("src", src)
+        c.ints("src_h", src_h)
+        c.ints("src_w", src_w)
+        c.ints("src_pitch", pitch)
+        c.ptr("dst", poison(out + (3,), "uint8"), written=True)
+        c.ints("out", *out)
+        c.ints("placed", *placed)
+        c.ints("flip", flip)
+        c.floats("ry", ry[0], ry[1])
+        c.ints("ry_span", ry[2], ry[3])
+        c.floats("rx", rx[0], rx[1])
+        c.ints("rx_span", rx[2], rx[3])
+        c.twin = "units"
+        image = src[:, :src_w * 3].reshape(src_h, src_w, 3).astype(np.float64)
+        wy = resize_axis64(*ry, placed[2])
+        wx = resize_axis64(*rx, placed[3])
+        part = np.einsum("yi,ijc,xj->yxc", wy, image[ry[2]:ry[3], rx[2]:rx[3]], wx)
+        ref = np.zeros(out + (3,))
+        ref[placed[0]:placed[0] + placed[2], placed[1]:placed[1] + placed[3]] = part[:, ::-1] if flip else part
+
+        def check(result, ref=ref):
+            got = result["dst"].astype(np.float64)
+            # the GPU sums in one pass (<= 1 unit off); the CPU rounds
+            # between its two passes too (<= 2)
+            assert np.abs(got - ref).max() <= 2, np.abs(got - ref).max()
+            assert np.abs(got - ref).mean() < 0.5
+        c.check = check
+        cases.append(c)
     return cases
 
 
@@ -879,6 +949,7 @@ FAMILIES = {
     "conv": conv_cases,
     "normalize": normalize_cases,
     "logger": logger_cases,
+    "resize": resize_cases,
 }
 
 
@@ -910,12 +981,15 @@ def outcome(case, d):
             if case.twin == "bits":
                 assert out[name].tobytes() == twin[name].tobytes(), "%s: %s differs from the CPU twin" % (
                     case.name, name)
+            elif case.twin == "units":  # integers from float sums in another order: a unit or two
+                diff = np.abs(out[name].astype(np.int64) - twin[name].astype(np.int64))
+                assert diff.max() <= 2, "%s: %s differs from the CPU twin by %d" % (case.name, name, diff.max())
             elif case.twin == "close":  # sums in another order: within a few roundings of the largest
                 dtype = dtype_name(out[name].dtype)
                 scale = np.nanmax(np.abs(f64(twin[name])), initial=0.0)
                 assert_within(out[name], f64(twin[name]), 4 * rounding_bound(scale, dtype),
                               "%s: %s vs the CPU twin" % (case.name, name))
-        if case.twin == "close":
+        if case.twin in ("close", "units"):
             case.check(twin)
     case.check(out)
     return out

@@ -435,17 +435,18 @@ void ga_image_resizer_finish(ga_image_workspace *ws, const ga_image_geometry *g,
     }
 }
 
-ga_status ga_cpu_resize_image(const uint8_t *src, int64_t src_h, int64_t src_w,
+ga_status ga_cpu_resize_image(const uint8_t *src, int64_t src_h, int64_t src_w, int64_t src_pitch,
                               const ga_image_geometry *g, uint8_t *dst, ga_image_workspace *ws)
 {
-    if (g->ry.hi - g->ry.lo > src_h || g->rx.hi - g->rx.lo > src_w || g->ny < 0 || g->nx < 0)
+    if (g->ry.lo < 0 || g->rx.lo < 0 || g->ry.hi > src_h || g->rx.hi > src_w || g->ny < 0 ||
+        g->nx < 0 || src_pitch < src_w * 3)
         return ga_image_error(ws, GA_ERR_INVALID_VALUE,
                               "resize: the geometry reads past the %lld x %lld source",
                               (long long)src_h, (long long)src_w);
     if (ga_image_resizer_begin(ws, g) < 0)
         return GA_STATUS(GA_ERR_HOST_OUT_OF_MEMORY, "resize: out of memory for its buffers");
     for (int64_t r = ws->y.lo; r < ws->y.hi; r++)
-        ga_image_resizer_row(ws, r, src + (size_t)(r * src_w * 3), 0);
+        ga_image_resizer_row(ws, r, src + (g->ry.lo + r) * src_pitch + g->rx.lo * 3, 0);
     ga_image_resizer_finish(ws, g, dst);
     return ga_ok();
 }

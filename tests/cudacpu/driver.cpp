@@ -18,7 +18,7 @@
  * case.txt, one directive per line:
  *   op NAME                        copy fill bias_act act_backward matmul
  *                                  conv_fwd conv_bwd_data conv_bwd_filter
- *                                  normalize logger_update logger_reset
+ *                                  normalize logger_update logger_reset resize
  *                                  selftest
  *   sides cuda [cpu]               which sides run (default both)
  *   buffer NAME BYTES
@@ -496,11 +496,37 @@ ga_status run(const std::string &op, const Side &s, bool cuda)
         d.w = s.integer("w");
         d.c = s.integer("c");
         d.nchw = (int)s.integer("nchw");
+        d.src_chw = (int)s.integer("src_chw");
         for (int64_t ch = 0; ch < d.c && ch < GA_NORMALIZE_MAX_CHANNELS; ch++) {
             d.scale[ch] = s.real("scale", (size_t)ch);
             d.shift[ch] = s.real("shift", (size_t)ch);
         }
         return cuda ? ga_cuda_normalize_images(device, &d, stream) : ga_cpu_normalize_images(&d);
+    }
+    if (op == "resize") {
+        ga_resize_job job;
+        memset(&job, 0, sizeof job);
+        job.src = (const uint8_t *)s.ptr("src");
+        job.src_h = s.integer("src_h");
+        job.src_w = s.integer("src_w");
+        job.src_pitch = s.integer("src_pitch");
+        job.dst = (uint8_t *)s.ptr("dst");
+        ga_image_geometry &g = job.g;
+        g.out_h = s.integer("out", 0, 0), g.out_w = s.integer("out", 0, 1);
+        g.y0 = s.integer("placed", 0, 0), g.x0 = s.integer("placed", 0, 1);
+        g.ny = s.integer("placed", 0, 2), g.nx = s.integer("placed", 0, 3);
+        g.flip = (int)s.integer("flip");
+        g.ry.origin = s.real("ry", 0), g.ry.scale = s.real("ry", 1);
+        g.ry.lo = s.integer("ry_span", 0, 0), g.ry.hi = s.integer("ry_span", 0, 1);
+        g.rx.origin = s.real("rx", 0), g.rx.scale = s.real("rx", 1);
+        g.rx.lo = s.integer("rx_span", 0, 0), g.rx.hi = s.integer("rx_span", 0, 1);
+        if (cuda)
+            return ga_cuda_resize_images(device, &job, 1, stream);
+        ga_image_workspace *ws = ga_cpu_image_workspace_new();
+        ga_status st =
+            ga_cpu_resize_image(job.src, job.src_h, job.src_w, job.src_pitch, &g, job.dst, ws);
+        ga_cpu_image_workspace_free(ws);
+        return st;
     }
     if (op == "logger_update") {
         ga_logger_update u;
