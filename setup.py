@@ -213,15 +213,28 @@ class CudaConfig:
             return
         self.include_dirs = sorted({os.path.dirname(cublaslt_h), os.path.dirname(cudnn_h)}, key=len)
         self.include_dirs.append(toolkit_inc[0])
+        # nvJPEG for the image loader's decode="gpu": optional within a CUDA build
+        nvjpeg_home = os.environ.get("NVJPEG_HOME")
+        nvjpeg_inc = ([os.path.join(nvjpeg_home, "include")] if nvjpeg_home else []) + toolkit_inc + [
+            os.path.join(s, "nvidia", "cu13", "include") for s in wheels]
+        nvjpeg_lib = ([os.path.join(nvjpeg_home, d) for d in ("lib", "lib64")] if nvjpeg_home else []) + \
+            toolkit_lib + [os.path.join(s, "nvidia", "cu13", "lib") for s in wheels]
+        nvjpeg_h = _find_file(nvjpeg_inc, ["nvjpeg.h"])
+        self.nvjpeg = _find_file(nvjpeg_lib, ["libnvjpeg.so", "libnvjpeg.so.[0-9]*"]) if nvjpeg_h else None
+        self.nvjpeg_note = "" if self.nvjpeg else (
+            "no %s found: pip install nvidia-nvjpeg (or set NVJPEG_HOME) and rebuild"
+            % ("nvjpeg.h" if not nvjpeg_h else "libnvjpeg.so"))
+        if self.nvjpeg and os.path.dirname(nvjpeg_h) not in self.include_dirs:
+            self.include_dirs.append(os.path.dirname(nvjpeg_h))
         self.lib_dirs = []
-        for path in (self.cudart_static, self.cublaslt, self.cudnn):
+        for path in (self.cudart_static, self.cublaslt, self.cudnn) + ((self.nvjpeg,) if self.nvjpeg else ()):
             d = os.path.dirname(path)
             if d not in self.lib_dirs:
                 self.lib_dirs.append(d)
         # Prefer the NVIDIA wheels' copies at run time (the ones torch loads),
         # then the folders found now.
         self.rpath = ["$ORIGIN/../nvidia/cu13/lib", "$ORIGIN/../nvidia/cudnn/lib"] + self.lib_dirs
-        self.sonames = [_soname(self.cublaslt), _soname(self.cudnn)]
+        self.sonames = [_soname(self.cublaslt), _soname(self.cudnn)] + ([_soname(self.nvjpeg)] if self.nvjpeg else [])
         arch_text = os.environ.get("GPUACCEL_CUDA_ARCH", DEFAULT_ARCHS)
         self.archs = [a.strip() for a in arch_text.replace(",", ";").split(";") if a.strip()]
         if not self.archs:
@@ -284,6 +297,8 @@ class BuildExt(build_ext):
         jobs = int(os.environ.get("GPUACCEL_JOBS", "0")) or os.cpu_count() or 1
         if cuda.enabled:
             _say("building with CUDA (nvcc %s, architectures %s)" % (cuda.nvcc, ";".join(cuda.archs)))
+            _say("JPEG decoding on the GPU: nvJPEG (%s)" % cuda.nvjpeg if cuda.nvjpeg
+                 else "building without GPU JPEG decoding: %s" % cuda.nvjpeg_note)
         else:
             _say("building CPU-only: %s" % cuda.reason)
         jpeg = JpegConfig()
@@ -334,6 +349,8 @@ class BuildExt(build_ext):
             cmd = [cuda.nvcc, "-c", src, "-o", obj, "-std=c++17", "-O3", "-lineinfo",
                    "-Xcompiler", "-fPIC", "-Xcompiler", "-fvisibility=hidden",
                    '-DGPUACCEL_CUDA_ARCHS="%s"' % ";".join(cuda.archs)]
+            if cuda.nvjpeg:
+                cmd.append("-DGPUACCEL_WITH_NVJPEG=1")
             cmd += ["-I" + ROOT] + ["-I" + d for d in cuda.include_dirs] + cuda.gencode_flags()
             if stale(src, obj):
                 _say("nvcc " + src)
@@ -359,8 +376,9 @@ class BuildExt(build_ext):
         libraries, library_dirs, link_args = [], [], list(ldflags)
         if cuda.enabled:
             library_dirs = cuda.lib_dirs
-            link_args += [cuda.cudart_static, _link_flag(cuda.cublaslt), _link_flag(cuda.cudnn),
-                          "-lstdc++", "-lrt", "-ldl", "-Wl,--enable-new-dtags"]
+            link_args += [cuda.cudart_static, _link_flag(cuda.cublaslt), _link_flag(cuda.cudnn)]
+            link_args += [_link_flag(cuda.nvjpeg)] if cuda.nvjpeg else []
+            link_args += ["-lstdc++", "-lrt", "-ldl", "-Wl,--enable-new-dtags"]
             link_args += ["-Wl,-rpath," + d for d in cuda.rpath]
         if cxx_jobs:
             link_args += ["-lstdc++"]
@@ -392,7 +410,9 @@ class BuildExt(build_ext):
             "CUDA_LIBRARY_SONAMES = %r\n"
             "SANITIZE = %r\n"
             "JPEG_BUILD_NOTE = %r\n"
-        ) % (cuda.enabled, cuda.reason or "", cuda.sonames if cuda.enabled else [], sanitize, jpeg.reason or "")
+            "NVJPEG_BUILD_NOTE = %r\n"
+        ) % (cuda.enabled, cuda.reason or "", cuda.sonames if cuda.enabled else [], sanitize, jpeg.reason or "",
+             (cuda.nvjpeg_note if cuda.enabled else "no CUDA build (%s)" % cuda.reason))
         path = os.path.join(os.path.dirname(ext_path), "_build_config.py")
         with open(path, "w") as f:
             f.write(text)

@@ -66,7 +66,17 @@ typedef struct {
     const int64_t *path_at;   /* images: where each row's path starts in `paths` */
     ga_image_transform image; /* images: what each sample becomes */
     int skip_bad;             /* images: on_error="skip" */
+    int gpu_decode;           /* images: decoded by nvJPEG on the device (decode="gpu") */
 } loader_source;
+
+/* decode="gpu": a row's encoded file, kept from its read by a worker to
+ * the batch's decode on the device (and until the slot is reused, after
+ * its copies completed: nvJPEG reads it from the stream's work). */
+typedef struct {
+    uint8_t *data;
+    size_t size, cap;
+    int64_t width, height;
+} loader_file;
 
 /* What a worker thread keeps between rows: its encoded file and its
  * decoder's buffers, grown to the largest image it met. */
@@ -87,8 +97,9 @@ typedef struct {
     int opening; /* a worker is preparing the slot */
     int ready;   /* outputs complete (CPU) or queued (CUDA) */
     ga_block *out[GA_LOADER_MAX_SOURCES];
-    uint8_t *skipped; /* per row: a file left out under on_error="skip" */
-    int64_t nskipped; /* (under mu) */
+    uint8_t *skipped;   /* per row: a file left out under on_error="skip" */
+    int64_t nskipped;   /* (under mu) */
+    loader_file *files; /* decode="gpu": per row */
 } loader_slot;
 
 typedef struct {
@@ -120,6 +131,9 @@ typedef struct {
     ga_block *scratch[GA_LOADER_MAX_THREADS];
     loader_worker workers[GA_LOADER_MAX_THREADS];
     int has_images;
+    int gpu_decode;              /* source 0 is decoded on the device */
+    ga_jpeg_decoder *decoder;    /* decode="gpu": the device's (loader_jpeg_decoder) */
+    pthread_mutex_t *decoder_mu; /* its lock: one batch at a time */
     pthread_mutex_t mu;
     pthread_cond_t work_cv, ready_cv, consumer_cv;
     pid_t owner_pid;   /* the process whose threads these are (see forked()) */
@@ -382,8 +396,8 @@ static int gather_mapped(LoaderIterObject *it, const loader_source *s, int64_t f
 
 /* ----------------------------------------------------------- images */
 
-/* Reads a whole file into the worker's buffer; 0, or an errno. */
-static int read_image_file(loader_worker *w, const char *path, size_t *size)
+/* Reads a whole file into *buf (grown as needed); 0, or an errno. */
+static int read_image_file(uint8_t **buf, size_t *cap, const char *path, size_t *size)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
@@ -396,16 +410,16 @@ static int read_image_file(loader_worker *w, const char *path, size_t *size)
         err = errno;
     } else if (!S_ISREG(st.st_mode)) {
         err = EISDIR;
-    } else if ((size_t)st.st_size > w->file_cap &&
-               !(grown = realloc(w->file, (size_t)st.st_size + (size_t)st.st_size / 2))) {
+    } else if ((size_t)st.st_size > *cap &&
+               !(grown = realloc(*buf, (size_t)st.st_size + (size_t)st.st_size / 2))) {
         err = ENOMEM;
     } else {
         if (grown) {
-            w->file = grown;
-            w->file_cap = (size_t)st.st_size + (size_t)st.st_size / 2;
+            *buf = grown;
+            *cap = (size_t)st.st_size + (size_t)st.st_size / 2;
         }
         while (done < (size_t)st.st_size) {
-            ssize_t n = read(fd, w->file + done, (size_t)st.st_size - done);
+            ssize_t n = read(fd, *buf + done, (size_t)st.st_size - done);
             if (n < 0 && errno == EINTR)
                 continue;
             if (n <= 0) { /* n == 0: cut shorter since the fstat; decoding says so */
@@ -424,13 +438,18 @@ static int read_image_file(loader_worker *w, const char *path, size_t *size)
  * that cannot be read or decoded fails the epoch, or under
  * on_error="skip" is left out of the batch (compact_slot), counted, and
  * its reason kept for stats(). */
+static int row_failed(LoaderIterObject *it, loader_slot *slot, const loader_source *s, int64_t row,
+                      int err, char *text, size_t size, uint8_t *dst);
+
 static int decode_row(LoaderIterObject *it, loader_slot *slot, loader_worker *w,
                       const loader_source *s, int64_t row, int64_t sample, uint8_t *dst)
 {
     const char *path = s->paths + s->path_at[sample];
     char text[640];
     size_t size = 0;
-    int err = read_image_file(w, path, &size);
+    loader_file *file = s->gpu_decode ? &slot->files[row] : NULL;
+    int err = file ? read_image_file(&file->data, &file->cap, path, &size)
+                   : read_image_file(&w->file, &w->file_cap, path, &size);
     if (err == ENOMEM) {
         fail(it, GA_STATUS(GA_ERR_HOST_OUT_OF_MEMORY, "no memory to read an image file"), 0, NULL);
         return -1;
@@ -439,10 +458,20 @@ static int decode_row(LoaderIterObject *it, loader_slot *slot, loader_worker *w,
         snprintf(text, sizeof text, "reading '%s' (sample %lld) failed: %s", path,
                  (long long)sample, strerror(err));
     } else {
-        ga_status status = ga_cpu_decode_image(w->file, size, &s->image, sample, dst, w->ws, NULL);
+        ga_status status;
+        if (file) { /* the header now; the pixels with the batch, on the device */
+            file->size = size;
+            status = ga_cpu_jpeg_available()
+                         ? ga_cpu_image_size(file->data, size, &file->width, &file->height, w->ws)
+                         : ga_cuda_jpeg_image_size(it->decoder, file->data, size, &file->width,
+                                                   &file->height);
+        } else {
+            status = ga_cpu_decode_image(w->file, size, &s->image, sample, dst, w->ws, NULL);
+        }
         if (!status.error)
             return 0;
-        if (status.error == GA_ERR_HOST_OUT_OF_MEMORY || !ga_cpu_jpeg_available()) {
+        if (status.error == GA_ERR_HOST_OUT_OF_MEMORY ||
+            (!ga_cpu_jpeg_available() && !s->gpu_decode)) {
             fail(it, status, 0, NULL);
             return -1;
         }
@@ -450,15 +479,24 @@ static int decode_row(LoaderIterObject *it, loader_slot *slot, loader_worker *w,
         snprintf(text, sizeof text, "'%s' (sample %lld): %s", path, (long long)sample,
                  status.message);
     }
+    return row_failed(it, slot, s, row, err, text, sizeof text, dst);
+}
+
+/* A row whose file could not be read or decoded: fails the epoch with
+ * `text`, or under on_error="skip" marks the row to be left out. */
+static int row_failed(LoaderIterObject *it, loader_slot *slot, const loader_source *s, int64_t row,
+                      int err, char *text, size_t size, uint8_t *dst)
+{
     if (!s->skip_bad) {
         size_t n = strlen(text);
-        snprintf(text + n, sizeof text - n,
+        snprintf(text + n, size - n,
                  " (PinnedLoader(..., on_error=\"skip\") leaves such files out of their batch "
                  "and counts them in stats())");
         fail(it, ga_ok(), err, text);
         return -1;
     }
-    memset(dst, 0, (size_t)s->row_bytes);
+    if (dst)
+        memset(dst, 0, (size_t)s->row_bytes);
     pthread_mutex_lock(&it->mu);
     slot->skipped[row] = 1;
     slot->nskipped++;
@@ -475,7 +513,8 @@ static int decode_row(LoaderIterObject *it, loader_slot *slot, loader_worker *w,
 static void compact_slot(LoaderIterObject *it, loader_slot *slot)
 {
     int cuda = it->device.type == GA_DEVICE_CUDA;
-    for (int i = 0; i < it->nsources; i++) {
+    /* decoded on the device: its rows were written compacted (decode_on_device) */
+    for (int i = it->gpu_decode ? 1 : 0; i < it->nsources; i++) {
         char *base = cuda ? slot->pinned[i]->ptr : slot->out[i]->ptr;
         int64_t bytes =
             cuda || !(i == 0 && it->has_transform) ? it->src[i].row_bytes : it->transform_row_bytes;
@@ -549,7 +588,7 @@ static int gather_chunk_rows(LoaderIterObject *it, loader_slot *slot, int64_t ch
         const loader_source *s = &it->src[i];
         int cuda = it->device.type == GA_DEVICE_CUDA;
         if (cuda) {
-            char *dst = (char *)slot->pinned[i]->ptr + r0 * s->row_bytes;
+            char *dst = slot->pinned[i] ? (char *)slot->pinned[i]->ptr + r0 * s->row_bytes : NULL;
             if (gather_rows(it, slot, w, s, first, r0, r1, dst) < 0)
                 return -1;
         } else if (i == 0 && it->has_transform) {
@@ -618,6 +657,8 @@ static int open_slot(LoaderIterObject *it, loader_slot *slot, int64_t batch)
         slot->copied_pending = 0;
     }
     for (int i = 0; cuda && i < it->nsources; i++) {
+        if (!slot->pinned[i]) /* decode="gpu": source 0 has none */
+            continue;
         /* the workers write the staging buffers next */
         ga_status status = ga_cuda_host_access(slot->pinned[i]->ptr, slot->pinned[i]->size, 1);
         if (status.error) {
@@ -643,6 +684,92 @@ static int open_slot(LoaderIterObject *it, loader_slot *slot, int64_t batch)
     return 0;
 }
 
+/* decode="gpu": the batch's files (read by the workers, rows not skipped)
+ * decoded by nvJPEG into one device buffer from the pool, then each
+ * cropped, resized and flipped by the resize kernel into the batch's
+ * uint8 rows on the device (the staging buffer the normalize reads, or
+ * the output), skipped rows left out — all queued on the copy stream.  A
+ * file nvJPEG cannot decode fails the epoch or is skipped, as on the CPU. */
+static int decode_on_device(LoaderIterObject *it, loader_slot *slot)
+{
+    const loader_source *s = &it->src[0];
+    int dev = it->device.index;
+    int64_t n = slot->rows, first = slot->batch * it->batch_size;
+    const uint8_t **data = calloc((size_t)n + 1, sizeof *data);
+    size_t *sizes = calloc((size_t)n + 1, sizeof *sizes);
+    uint8_t **dst = calloc((size_t)n + 1, sizeof *dst);
+    int64_t *widths = calloc((size_t)n + 1, sizeof *widths), *heights = calloc((size_t)n + 1, 8);
+    int64_t *rows = calloc((size_t)n + 1, sizeof *rows);
+    int *bad = calloc((size_t)n + 1, sizeof *bad);
+    ga_resize_job *jobs = calloc((size_t)n + 1, sizeof *jobs);
+    ga_block *decoded = NULL;
+    int rc = -1;
+    if (!data || !sizes || !dst || !widths || !heights || !rows || !bad || !jobs) {
+        fail(it, GA_STATUS(GA_ERR_HOST_OUT_OF_MEMORY, "no memory to decode a batch"), 0, NULL);
+        goto done;
+    }
+    int m = 0;
+    size_t total = 0;
+    for (int64_t r = 0; r < n; r++) {
+        if (slot->skipped[r])
+            continue;
+        const loader_file *f = &slot->files[r];
+        data[m] = f->data, sizes[m] = f->size, widths[m] = f->width, heights[m] = f->height;
+        rows[m++] = r;
+        total += (size_t)(f->width * f->height * 3);
+    }
+    ga_status status =
+        ga_block_alloc_status(GA_MEM_DEVICE, dev, total ? total : 1, it->copy_stream, &decoded);
+    size_t at = 0;
+    for (int k = 0; k < m && !status.error; k++) {
+        dst[k] = (uint8_t *)decoded->ptr + at;
+        at += (size_t)(widths[k] * heights[k] * 3);
+    }
+    if (!status.error && m > 0) {
+        pthread_mutex_lock(it->decoder_mu);
+        status = ga_cuda_decode_jpegs(it->decoder, m, data, sizes, dst, widths, heights, bad,
+                                      it->copy_stream);
+        pthread_mutex_unlock(it->decoder_mu);
+    }
+    if (status.error) {
+        fail(it, status, 0, NULL);
+        goto done;
+    }
+    uint8_t *target = it->has_transform ? slot->staging->ptr : slot->out[0]->ptr;
+    int kept = 0;
+    for (int k = 0; k < m; k++) {
+        int64_t sample = it->indices[first + rows[k]];
+        if (bad[k]) {
+            char text[640];
+            snprintf(text, sizeof text,
+                     "'%s' (sample %lld): nvJPEG cannot decode it (damaged, or a kind it does not "
+                     "take, such as CMYK; decode=\"cpu\" decodes every JPEG libjpeg-turbo does)",
+                     s->paths + s->path_at[sample], (long long)sample);
+            if (row_failed(it, slot, s, rows[k], EIO, text, sizeof text, NULL) < 0)
+                goto done;
+            continue;
+        }
+        ga_resize_job *job = &jobs[kept];
+        job->src = dst[k];
+        job->src_h = heights[k], job->src_w = widths[k], job->src_pitch = widths[k] * 3;
+        job->dst = target + (size_t)kept * (size_t)s->row_bytes;
+        ga_image_plan(&s->image, sample, widths[k], heights[k], &job->g);
+        kept++;
+    }
+    status = ga_cuda_resize_images(dev, jobs, kept, it->copy_stream);
+    if (status.error) {
+        fail(it, status, 0, NULL);
+        goto done;
+    }
+    rc = 0;
+done:
+    if (decoded) /* allocated and used on the copy stream: reused in its order */
+        ga_block_free(decoded);
+    free(data), free(sizes), free(dst), free(widths), free(heights), free(rows), free(bad);
+    free(jobs);
+    return rc;
+}
+
 /* The batch in the slot is gathered: queue its copies (CUDA). */
 static int finish_slot(LoaderIterObject *it, loader_slot *slot)
 {
@@ -656,7 +783,9 @@ static int finish_slot(LoaderIterObject *it, loader_slot *slot)
     for (int i = 0; i < it->nsources && !status.error; i++) {
         size_t bytes = (size_t)(slot->rows * it->src[i].row_bytes);
         if (i == 0 && it->has_transform) {
-            status = ga_cuda_memcpy_async(dev, slot->staging->ptr, slot->pinned[0]->ptr, bytes, s);
+            if (!it->gpu_decode) /* decoded on the device: already in staging */
+                status =
+                    ga_cuda_memcpy_async(dev, slot->staging->ptr, slot->pinned[0]->ptr, bytes, s);
             if (!status.error) {
                 ga_normalize_desc d = it->transform;
                 d.src = (const uint8_t *)slot->staging->ptr;
@@ -664,7 +793,7 @@ static int finish_slot(LoaderIterObject *it, loader_slot *slot)
                 d.n = slot->rows;
                 status = ga_cuda_normalize_images(dev, &d, s);
             }
-        } else {
+        } else if (!(i == 0 && it->gpu_decode)) {
             status = ga_cuda_memcpy_async(dev, slot->out[i]->ptr, slot->pinned[i]->ptr, bytes, s);
         }
     }
@@ -735,9 +864,12 @@ static void *worker_main(void *arg)
             break;
         if (++slot->done_chunks == slot->nchunks) {
             pthread_mutex_unlock(&it->mu);
-            if (slot->nskipped) /* every row is written: nobody else touches the slot */
+            /* every row is gathered: nobody else touches the slot */
+            rc = it->gpu_decode ? decode_on_device(it, slot) : 0;
+            if (rc == 0 && slot->nskipped)
                 compact_slot(it, slot);
-            rc = finish_slot(it, slot);
+            if (rc == 0)
+                rc = finish_slot(it, slot);
             pthread_mutex_lock(&it->mu);
             if (rc < 0)
                 break;
@@ -785,6 +917,10 @@ static void release_scratch(LoaderIterObject *it)
     for (int k = 0; it->slots && k < it->nslots; k++) {
         free(it->slots[k].skipped);
         it->slots[k].skipped = NULL;
+        for (int64_t r = 0; it->slots[k].files && r < it->batch_size; r++)
+            free(it->slots[k].files[r].data);
+        free(it->slots[k].files);
+        it->slots[k].files = NULL;
     }
 }
 
@@ -894,6 +1030,28 @@ static ga_status loader_copy_stream(int device, ga_stream *out)
     return status;
 }
 
+/* One nvJPEG decoder per device for every loader of the process, made at
+ * the first decode="gpu" epoch (its hardware backend takes a while to
+ * start) and kept, like the copy stream; loaders take turns with it. */
+static ga_status loader_jpeg_decoder(int device, ga_jpeg_decoder **out, pthread_mutex_t **mu)
+{
+    static ga_jpeg_decoder *decoders[GA_MAX_DEVICES];
+    static pthread_mutex_t locks[GA_MAX_DEVICES];
+    static int hardware[GA_MAX_DEVICES];
+    static pthread_mutex_t made = PTHREAD_MUTEX_INITIALIZER;
+    ga_status status = ga_ok();
+    pthread_mutex_lock(&made);
+    if (!decoders[device]) {
+        status = ga_cuda_jpeg_decoder_create(device, &decoders[device], &hardware[device]);
+        if (!status.error)
+            pthread_mutex_init(&locks[device], NULL);
+    }
+    *out = decoders[device];
+    *mu = &locks[device];
+    pthread_mutex_unlock(&made);
+    return status;
+}
+
 /* ------------------------------------------------------- construction */
 
 /* Maps the opened source file for copying rows out of it, reusing the last
@@ -946,9 +1104,14 @@ static int parse_images(LoaderIterObject *it, PyObject *spec, loader_source *s, 
     const char *kind;
     PyObject *paths, *offsets, *transform;
     long long epoch;
-    int skip;
-    if (!PyArg_ParseTuple(spec, "sOOOLp", &kind, &paths, &offsets, &transform, &epoch, &skip))
+    int skip, gpu = 0;
+    if (!PyArg_ParseTuple(spec, "sOOOLp|p", &kind, &paths, &offsets, &transform, &epoch, &skip,
+                          &gpu))
         return -1;
+    if (gpu && index != 0) {
+        PyErr_SetString(PyExc_ValueError, "decode=\"gpu\" applies to the first source");
+        return -1;
+    }
     if (!PyArray_Check(paths) || PyArray_TYPE((PyArrayObject *)paths) != NPY_UINT8 ||
         PyArray_NDIM((PyArrayObject *)paths) != 1 ||
         !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)paths) || !PyArray_Check(offsets) ||
@@ -980,6 +1143,8 @@ static int parse_images(LoaderIterObject *it, PyObject *spec, loader_source *s, 
         return -1;
     s->is_images = 1;
     s->skip_bad = skip;
+    s->gpu_decode = gpu;
+    it->gpu_decode = gpu;
     s->dtype = GA_UINT8;
     s->row_ndim = 3;
     s->row_shape[0] = s->image.out_h, s->row_shape[1] = s->image.out_w, s->row_shape[2] = 3;
@@ -1141,7 +1306,7 @@ static int allocate_ring(ga_state *st, LoaderIterObject *it, int nslots)
     int dev = it->device.index;
     for (int k = 0; k < nslots; k++) {
         loader_slot *slot = &it->slots[k];
-        for (int i = 0; i < it->nsources; i++) {
+        for (int i = it->gpu_decode ? 1 : 0; i < it->nsources; i++) {
             slot->pinned[i] = ga_block_alloc(st, GA_MEM_PINNED, -1,
                                              (size_t)(it->batch_size * it->src[i].row_bytes), NULL);
             if (!slot->pinned[i])
@@ -1249,10 +1414,16 @@ static PyObject *LoaderIter_new(PyTypeObject *type, PyObject *args, PyObject *kw
         goto error;
     if (transform != Py_None && parse_transform(st, it, transform) < 0)
         goto error;
+    if (it->gpu_decode && it->device.type != GA_DEVICE_CUDA) {
+        PyErr_SetString(PyExc_ValueError, "decode=\"gpu\" needs a CUDA device");
+        goto error;
+    }
     if (it->device.type == GA_DEVICE_CUDA) {
         if (ga_ensure_cuda_device(st, it->device.index) < 0)
             goto error;
         GA_CHECK(st, loader_copy_stream(it->device.index, &it->copy_stream));
+        if (it->gpu_decode)
+            GA_CHECK(st, loader_jpeg_decoder(it->device.index, &it->decoder, &it->decoder_mu));
     } else {
         it->pinned_out = ga_cuda_usable();
     }
@@ -1273,7 +1444,9 @@ static PyObject *LoaderIter_new(PyTypeObject *type, PyObject *args, PyObject *kw
     }
     for (int k = 0; k < it->nslots && it->has_images; k++) {
         it->slots[k].skipped = calloc((size_t)it->batch_size, 1);
-        if (!it->slots[k].skipped) {
+        if (it->gpu_decode)
+            it->slots[k].files = calloc((size_t)it->batch_size, sizeof(loader_file));
+        if (!it->slots[k].skipped || (it->gpu_decode && !it->slots[k].files)) {
             PyErr_NoMemory();
             goto error;
         }
@@ -1526,6 +1699,14 @@ static PyObject *LoaderIter_jpeg_version(PyObject *unused, PyObject *unused2)
     return PyUnicode_FromString(ga_cpu_jpeg_version());
 }
 
+static PyObject *LoaderIter_nvjpeg_version(PyObject *unused, PyObject *unused2)
+{
+    (void)unused, (void)unused2;
+    if (!ga_cuda_nvjpeg_available())
+        Py_RETURN_NONE;
+    return PyUnicode_FromString(ga_cuda_nvjpeg_version());
+}
+
 static PyObject *LoaderIter_get_remaining(LoaderIterObject *it, void *c)
 {
     (void)c;
@@ -1590,6 +1771,8 @@ static PyMethodDef LoaderIter_methods[] = {
      "decode_image(data, spec, index, epoch=0) -> (uint8 HWC ndarray, geometry dict)"},
     {"image_size", (PyCFunction)ga_image_size_method, METH_O | METH_STATIC,
      "image_size(data) -> (width, height) of an encoded JPEG"},
+    {"nvjpeg_version", (PyCFunction)LoaderIter_nvjpeg_version, METH_NOARGS | METH_STATIC,
+     "nvJPEG's version, or None in a build without it"},
     {"jpeg_version", (PyCFunction)LoaderIter_jpeg_version, METH_NOARGS | METH_STATIC,
      "libjpeg-turbo's version, or None in a build without it"},
     {NULL, NULL, 0, NULL},

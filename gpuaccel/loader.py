@@ -349,6 +349,9 @@ class PinnedLoader:
             raise ValueError("rank must be in 0..world_size-1 and world_size >= 1, got rank=%r world_size=%r"
                              % (self.rank, self.world_size))
         self.shuffle, self.seed, self.drop_last = bool(shuffle), int(seed), bool(drop_last)
+        self.decode_backend = None  # "cpu" (libjpeg-turbo) or "gpu" (nvJPEG) for image folders
+        if self._image_source is not None:
+            self.decode_backend = self._pick_decoder(decode)
         self.num_threads, self.prefetch, self.progress = num_threads, prefetch, bool(progress)
         self._epoch = 0
         self._resume_batch = 0
@@ -357,7 +360,7 @@ class PinnedLoader:
         _live_loaders.add(self)
 
     def _describe_images(self, pairs, what, transform, seed):
-        from .images import RandomResizedCrop, _ImageSamples, _Pipeline, jpeg_version
+        from .images import RandomResizedCrop, _ImageSamples, _Pipeline
 
         if transform is None:
             raise ValueError("PinnedLoader over %s needs transform=: images of a batch have one size, e.g. "
@@ -367,11 +370,6 @@ class PinnedLoader:
             raise ValueError("PinnedLoader over %s: transform=ImageNormalize(...) alone gives no image size; "
                              "put it last in ga.Compose([ga.Resize(256), ga.CenterCrop(224), ...])" % what)
         self._pipeline = _Pipeline(transform, seed=seed)
-        if jpeg_version() is None:
-            from . import _build_config
-
-            raise RuntimeError("PinnedLoader over %s decodes JPEG with libjpeg-turbo, which this gpuaccel was built "
-                               "without (%s)" % (what, getattr(_build_config, "JPEG_BUILD_NOTE", "")))
         samples = _ImageSamples(pairs, what)
         samples.check_jpeg(what)
         self._image_samples = samples
@@ -380,12 +378,34 @@ class PinnedLoader:
         self._image_source = (samples.blob, samples.offsets)
         return [("images",), ("memory", samples.labels)], len(samples)
 
+    def _pick_decoder(self, decode):
+        """decode="auto": nvJPEG on a CUDA device when this build has it (the
+        decode then costs the CPU only the file reads), else libjpeg-turbo."""
+        nvjpeg = _C._LoaderIter.nvjpeg_version()
+        if decode == "gpu":
+            if self.device.type != "cuda":
+                raise ValueError("decode='gpu' needs device='cuda', got device=%r" % str(self.device))
+            if nvjpeg is None:
+                from . import _build_config
+
+                raise RuntimeError("decode='gpu' needs nvJPEG, which this gpuaccel was built without (%s)"
+                                   % getattr(_build_config, "NVJPEG_BUILD_NOTE", ""))
+            return "gpu"
+        if decode == "auto" and self.device.type == "cuda" and nvjpeg is not None:
+            return "gpu"
+        if _C._LoaderIter.jpeg_version() is None:
+            from . import _build_config
+
+            raise RuntimeError("PinnedLoader decodes JPEG on the CPU with libjpeg-turbo, which this gpuaccel was "
+                               "built without (%s)" % getattr(_build_config, "JPEG_BUILD_NOTE", ""))
+        return "cpu"
+
     def _epoch_sources(self, epoch):
         if self._image_source is None:
             return list(self._sources)
         blob, offsets = self._image_source
         spec = self._pipeline.spec[:11] + (self.seed,) + self._pipeline.spec[12:]  # load_state_dict may set it
-        images = ("images", blob, offsets, spec, epoch, self.on_error == "skip")
+        images = ("images", blob, offsets, spec, epoch, self.on_error == "skip", self.decode_backend == "gpu")
         return [images] + list(self._sources[1:])
 
     # ------------------------------------------------------------ epochs

@@ -318,3 +318,46 @@ void ga_cuda_range_push(const char *name)
 }
 
 void ga_cuda_range_pop(void) {}
+
+ga_status ga_cuda_resize_images(int device, const ga_resize_job *jobs, int n, ga_stream stream)
+{
+    (void)device, (void)jobs, (void)n, (void)stream;
+    return GA_NO_CUDA;
+}
+
+int ga_cuda_nvjpeg_available(void)
+{
+    return 0;
+}
+
+const char *ga_cuda_nvjpeg_version(void)
+{
+    return "";
+}
+
+ga_status ga_cuda_jpeg_decoder_create(int device, ga_jpeg_decoder **out, int *hardware)
+{
+    (void)device, (void)out, (void)hardware;
+    return GA_NO_CUDA;
+}
+
+void ga_cuda_jpeg_decoder_destroy(ga_jpeg_decoder *decoder)
+{
+    (void)decoder;
+}
+
+ga_status ga_cuda_jpeg_image_size(ga_jpeg_decoder *decoder, const uint8_t *data, size_t size,
+                                  int64_t *width, int64_t *height)
+{
+    (void)decoder, (void)data, (void)size, (void)width, (void)height;
+    return GA_NO_CUDA;
+}
+
+ga_status ga_cuda_decode_jpegs(ga_jpeg_decoder *decoder, int n, const uint8_t *const *data,
+                               const size_t *sizes, uint8_t *const *dst, const int64_t *widths,
+                               const int64_t *heights, int *bad, ga_stream stream)
+{
+    (void)decoder, (void)n, (void)data, (void)sizes, (void)dst, (void)widths, (void)heights,
+        (void)bad, (void)stream;
+    return GA_NO_CUDA;
+}

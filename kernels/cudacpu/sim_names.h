@@ -20,6 +20,7 @@
 #define ga_cuda_bias_activation ga_sim_kernel_bias_activation
 #define ga_cuda_activation_backward ga_sim_kernel_activation_backward
 #define ga_cuda_normalize_images ga_sim_kernel_normalize_images
+#define ga_cuda_resize_images ga_sim_kernel_resize_images
 #define ga_cuda_logger_update ga_sim_kernel_logger_update
 #define ga_cuda_logger_reset_window ga_sim_kernel_logger_reset_window
 #define ga_cuda_stream_capturing ga_sim_kernel_stream_capturing
@@ -33,6 +34,7 @@ extern __typeof__(ga_cuda_fill) ga_sim_kernel_fill;
 extern __typeof__(ga_cuda_bias_activation) ga_sim_kernel_bias_activation;
 extern __typeof__(ga_cuda_activation_backward) ga_sim_kernel_activation_backward;
 extern __typeof__(ga_cuda_normalize_images) ga_sim_kernel_normalize_images;
+extern __typeof__(ga_cuda_resize_images) ga_sim_kernel_resize_images;
 extern __typeof__(ga_cuda_logger_update) ga_sim_kernel_logger_update;
 extern __typeof__(ga_cuda_logger_reset_window) ga_sim_kernel_logger_reset_window;
 extern __typeof__(ga_cuda_stream_capturing) ga_sim_kernel_stream_capturing;
