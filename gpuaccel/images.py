@@ -295,17 +295,19 @@ class _Pipeline:
                      resize_short, resize_hw[0], resize_hw[1], flip.p if flip else 0.0, int(seed), bool(dct_scaling))
 
 
-def decode_image(source, transform=None, *, index=0, epoch=0, seed=0):
+def decode_image(source, transform=None, *, index=0, epoch=0, seed=0, dct_scaling=True):
     """Decodes one JPEG (a path, or its bytes) as the loader would, into a
     uint8 NumPy array (H, W, 3): at its own size without `transform`, or
     as sample `index` of `epoch` with gpuaccel's transforms (their geometry
-    and flip; an ImageNormalize in them is not applied here).  Raises OSError
-    for a damaged file or one that is not JPEG."""
+    and flip; an ImageNormalize in them is not applied here).
+    dct_scaling=False decodes at full size before resizing even where the
+    crop would allow libjpeg's reduced scales (what decode="gpu" does).
+    Raises OSError for a damaged file or one that is not JPEG."""
     data = _read_source(source)
     if transform is None:
         width, height = _C._LoaderIter.image_size(data)
         transform = Resize((height, width))
-    pipeline = _Pipeline(transform, seed=seed)
+    pipeline = _Pipeline(transform, seed=seed, dct_scaling=dct_scaling)
     image, _ = _C._LoaderIter.decode_image(data, pipeline.spec, int(index), int(epoch))
     return image
 

@@ -981,9 +981,9 @@ def outcome(case, d):
             if case.twin == "bits":
                 assert out[name].tobytes() == twin[name].tobytes(), "%s: %s differs from the CPU twin" % (
                     case.name, name)
-            elif case.twin == "units":  # integers from float sums in another order: a unit or two
+            elif case.twin == "units":  # integers from float sums in another order: a few units
                 diff = np.abs(out[name].astype(np.int64) - twin[name].astype(np.int64))
-                assert diff.max() <= 2, "%s: %s differs from the CPU twin by %d" % (case.name, name, diff.max())
+                assert diff.max() <= 3, "%s: %s differs from the CPU twin by %d" % (case.name, name, diff.max())
             elif case.twin == "close":  # sums in another order: within a few roundings of the largest
                 dtype = dtype_name(out[name].dtype)
                 scale = np.nanmax(np.abs(f64(twin[name])), initial=0.0)

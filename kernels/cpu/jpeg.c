@@ -42,6 +42,9 @@
 /* Bytes after the end-of-image marker that still count as a whole file
  * (padding, trailers some cameras write). */
 #define GA_JPEG_TAIL_BYTES 4096
+/* Pixels decoded past each side of the region the resize reads (an iMCU
+ * of 4:2:0 is 16 pixels). */
+#define GA_JPEG_MARGIN 16
 
 typedef struct {
     struct jpeg_error_mgr pub;
@@ -205,8 +208,15 @@ static int decode(struct jpeg_decompress_struct *cinfo, const uint8_t *data, siz
     }
     int64_t row_lo = g.ry.lo + ws->y.lo, row_hi = g.ry.lo + ws->y.hi;
     if (row_hi > row_lo && ws->x.hi > ws->x.lo) {
-        JDIMENSION xoff = (JDIMENSION)(g.rx.lo + ws->x.lo);
-        JDIMENSION width = (JDIMENSION)(ws->x.hi - ws->x.lo);
+        /* libjpeg's chroma upsampling treats the edges of a cropped or
+         * skipped-to region as the image's edges: a margin past each keeps
+         * the pixels the resize reads as a full decode gives them */
+        int64_t col_lo = g.rx.lo + ws->x.lo - GA_JPEG_MARGIN;
+        int64_t col_hi = g.rx.lo + ws->x.hi + GA_JPEG_MARGIN;
+        col_lo = col_lo < 0 ? 0 : col_lo;
+        col_hi = col_hi > (int64_t)cinfo->output_width ? (int64_t)cinfo->output_width : col_hi;
+        JDIMENSION xoff = (JDIMENSION)col_lo;
+        JDIMENSION width = (JDIMENSION)(col_hi - col_lo);
         if (width < cinfo->output_width)
             jpeg_crop_scanline(cinfo, &xoff, &width);
         int64_t comps = cinfo->output_components;
@@ -217,8 +227,11 @@ static int decode(struct jpeg_decompress_struct *cinfo, const uint8_t *data, siz
         }
         JSAMPROW line = ws->line;
         uint8_t *rgb = ws->line + (size_t)cinfo->output_width * (size_t)comps;
-        if (row_lo > 0)
-            jpeg_skip_scanlines(cinfo, (JDIMENSION)row_lo);
+        int64_t first = row_lo - GA_JPEG_MARGIN > 0 ? row_lo - GA_JPEG_MARGIN : 0;
+        if (first > 0)
+            jpeg_skip_scanlines(cinfo, (JDIMENSION)first);
+        for (int64_t r = first; r < row_lo; r++) /* the margin: decoded, not used */
+            jpeg_read_scanlines(cinfo, &line, 1);
         for (int64_t r = row_lo; r < row_hi; r++) {
             jpeg_read_scanlines(cinfo, &line, 1);
             if (cmyk)
