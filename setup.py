@@ -213,7 +213,8 @@ class CudaConfig:
             return
         self.include_dirs = sorted({os.path.dirname(cublaslt_h), os.path.dirname(cudnn_h)}, key=len)
         self.include_dirs.append(toolkit_inc[0])
-        # nvJPEG for the image loader's decode="gpu": optional within a CUDA build
+        # nvJPEG for the image loader's decode="gpu": optional within a CUDA build; its header
+        # is needed here, its library only at run time (loaded by kernels/cuda/jpeg.cu)
         nvjpeg_home = os.environ.get("NVJPEG_HOME")
         nvjpeg_inc = ([os.path.join(nvjpeg_home, "include")] if nvjpeg_home else []) + toolkit_inc + [
             os.path.join(s, "nvidia", "cu13", "include") for s in wheels]
@@ -227,7 +228,7 @@ class CudaConfig:
         if self.nvjpeg and os.path.dirname(nvjpeg_h) not in self.include_dirs:
             self.include_dirs.append(os.path.dirname(nvjpeg_h))
         self.lib_dirs = []
-        for path in (self.cudart_static, self.cublaslt, self.cudnn) + ((self.nvjpeg,) if self.nvjpeg else ()):
+        for path in (self.cudart_static, self.cublaslt, self.cudnn):
             d = os.path.dirname(path)
             if d not in self.lib_dirs:
                 self.lib_dirs.append(d)
@@ -377,7 +378,6 @@ class BuildExt(build_ext):
         if cuda.enabled:
             library_dirs = cuda.lib_dirs
             link_args += [cuda.cudart_static, _link_flag(cuda.cublaslt), _link_flag(cuda.cudnn)]
-            link_args += [_link_flag(cuda.nvjpeg)] if cuda.nvjpeg else []
             link_args += ["-lstdc++", "-lrt", "-ldl", "-Wl,--enable-new-dtags"]
             link_args += ["-Wl,-rpath," + d for d in cuda.rpath]
         if cxx_jobs:

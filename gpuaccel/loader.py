@@ -388,8 +388,10 @@ class PinnedLoader:
             if nvjpeg is None:
                 from . import _build_config
 
-                raise RuntimeError("decode='gpu' needs nvJPEG, which this gpuaccel was built without (%s)"
-                                   % getattr(_build_config, "NVJPEG_BUILD_NOTE", ""))
+                note = getattr(_build_config, "NVJPEG_BUILD_NOTE", "")
+                raise RuntimeError("decode='gpu' needs nvJPEG: %s" % (
+                    "this gpuaccel was built without it (%s)" % note if note else
+                    "libnvjpeg could not be loaded; pip install nvidia-nvjpeg"))
             return "gpu"
         if decode == "auto" and self.device.type == "cuda" and nvjpeg is not None:
             return "gpu"

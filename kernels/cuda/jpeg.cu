@@ -12,8 +12,12 @@
  *
  * nvJPEG allocates its own staging (its default allocators): that memory
  * is the library's, as cuDNN's handles are; the images it writes are in
- * buffers from gpuaccel's device pool.  Built when setup.py finds nvjpeg.h
- * and libnvjpeg (the CUDA toolkit, or PyPI's nvidia-nvjpeg wheel).
+ * buffers from gpuaccel's device pool.
+ *
+ * Optional twice over: built when setup.py finds nvjpeg.h (the CUDA
+ * toolkit, or PyPI's nvidia-nvjpeg wheel), and libnvjpeg is loaded at the
+ * first use rather than linked (torch's wheels do not bring it), so a
+ * build with it still imports without it and decodes on the CPU.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -26,10 +30,67 @@
 
 #ifdef GPUACCEL_WITH_NVJPEG
 
+#include <dlfcn.h>
+#include <mutex>
+
 #include <nvjpeg.h>
 
 namespace
 {
+
+/* libnvjpeg's entry points, typed by nvjpeg.h's own declarations. */
+struct NvjpegApi {
+    decltype(&nvjpegGetProperty) GetProperty;
+    decltype(&nvjpegCreateEx) CreateEx;
+    decltype(&nvjpegDestroy) Destroy;
+    decltype(&nvjpegJpegStateCreate) JpegStateCreate;
+    decltype(&nvjpegJpegStateDestroy) JpegStateDestroy;
+    decltype(&nvjpegGetImageInfo) GetImageInfo;
+    decltype(&nvjpegDecode) Decode;
+    decltype(&nvjpegDecodeBatchedInitialize) DecodeBatchedInitialize;
+    decltype(&nvjpegDecodeBatched) DecodeBatched;
+    decltype(&nvjpegJpegStreamCreate) JpegStreamCreate;
+    decltype(&nvjpegJpegStreamDestroy) JpegStreamDestroy;
+    decltype(&nvjpegJpegStreamParse) JpegStreamParse;
+    decltype(&nvjpegDecodeBatchedSupported) DecodeBatchedSupported;
+};
+
+#define GA_STR2(x) #x
+#define GA_STR(x) GA_STR2(x)
+
+/* Loaded once: the wheel's copy (gpuaccel/_libs.py preloads it, and the
+ * extension's run path names the wheels' folder), else the system's.
+ * NULL when there is none. */
+const NvjpegApi *nvjpeg()
+{
+    static NvjpegApi api;
+    static bool loaded = false;
+    static std::once_flag once;
+    std::call_once(once, [] {
+        void *lib = dlopen("libnvjpeg.so." GA_STR(NVJPEG_VER_MAJOR), RTLD_NOW | RTLD_GLOBAL);
+        if (!lib)
+            return;
+        bool all = true;
+#define GA_NVJPEG_SYMBOL(name) \
+    all = all && (api.name = (decltype(api.name))dlsym(lib, "nvjpeg" #name)) != nullptr
+        GA_NVJPEG_SYMBOL(GetProperty);
+        GA_NVJPEG_SYMBOL(CreateEx);
+        GA_NVJPEG_SYMBOL(Destroy);
+        GA_NVJPEG_SYMBOL(JpegStateCreate);
+        GA_NVJPEG_SYMBOL(JpegStateDestroy);
+        GA_NVJPEG_SYMBOL(GetImageInfo);
+        GA_NVJPEG_SYMBOL(Decode);
+        GA_NVJPEG_SYMBOL(DecodeBatchedInitialize);
+        GA_NVJPEG_SYMBOL(DecodeBatched);
+        GA_NVJPEG_SYMBOL(JpegStreamCreate);
+        GA_NVJPEG_SYMBOL(JpegStreamDestroy);
+        GA_NVJPEG_SYMBOL(JpegStreamParse);
+        GA_NVJPEG_SYMBOL(DecodeBatchedSupported);
+#undef GA_NVJPEG_SYMBOL
+        loaded = all;
+    });
+    return loaded ? &api : nullptr;
+}
 
 const char *nvjpeg_status_name(nvjpegStatus_t status)
 {
@@ -96,17 +157,17 @@ namespace
 
 ga_status open_backend(Backend &b, nvjpegBackend_t kind)
 {
-    GA_NVJPEG_TRY(nvjpegCreateEx(kind, nullptr, nullptr, NVJPEG_FLAGS_DEFAULT, &b.handle));
-    GA_NVJPEG_TRY(nvjpegJpegStateCreate(b.handle, &b.state));
+    GA_NVJPEG_TRY(nvjpeg()->CreateEx(kind, nullptr, nullptr, NVJPEG_FLAGS_DEFAULT, &b.handle));
+    GA_NVJPEG_TRY(nvjpeg()->JpegStateCreate(b.handle, &b.state));
     return ga_ok();
 }
 
 void close_backend(Backend &b)
 {
     if (b.state)
-        nvjpegJpegStateDestroy(b.state);
+        nvjpeg()->JpegStateDestroy(b.state);
     if (b.handle)
-        nvjpegDestroy(b.handle);
+        nvjpeg()->Destroy(b.handle);
     b = Backend();
 }
 
@@ -137,19 +198,20 @@ ga_status decode_with(Backend &b, const std::vector<int> &which, const uint8_t *
         out[k] = rgb_destination(dst[which[k]], widths[which[k]]);
     }
     if (b.batch != n) {
-        GA_NVJPEG_TRY(nvjpegDecodeBatchedInitialize(b.handle, b.state, n, 1, NVJPEG_OUTPUT_RGBI));
+        GA_NVJPEG_TRY(
+            nvjpeg()->DecodeBatchedInitialize(b.handle, b.state, n, 1, NVJPEG_OUTPUT_RGBI));
         b.batch = n;
     }
     nvjpegStatus_t status =
-        nvjpegDecodeBatched(b.handle, b.state, in.data(), lengths.data(), out.data(), stream);
+        nvjpeg()->DecodeBatched(b.handle, b.state, in.data(), lengths.data(), out.data(), stream);
     if (status == NVJPEG_STATUS_SUCCESS)
         return ga_ok();
     if (!about_the_file(status))
         return nvjpeg_error(status, "nvjpegDecodeBatched", __FILE__, __LINE__);
     b.batch = -1; /* a failed batch leaves the state to be initialized again */
     for (int k = 0; k < n; k++) {
-        nvjpegStatus_t one =
-            nvjpegDecode(b.handle, b.state, in[k], lengths[k], NVJPEG_OUTPUT_RGBI, &out[k], stream);
+        nvjpegStatus_t one = nvjpeg()->Decode(b.handle, b.state, in[k], lengths[k],
+                                              NVJPEG_OUTPUT_RGBI, &out[k], stream);
         if (one == NVJPEG_STATUS_SUCCESS)
             continue;
         if (!about_the_file(one))
@@ -163,16 +225,18 @@ ga_status decode_with(Backend &b, const std::vector<int> &which, const uint8_t *
 
 extern "C" int ga_cuda_nvjpeg_available(void)
 {
-    return 1;
+    return nvjpeg() != nullptr;
 }
 
 extern "C" const char *ga_cuda_nvjpeg_version(void)
 {
+    if (!nvjpeg())
+        return "";
     static char text[32];
     int major = 0, minor = 0, patch = 0;
-    if (nvjpegGetProperty(MAJOR_VERSION, &major) != NVJPEG_STATUS_SUCCESS ||
-        nvjpegGetProperty(MINOR_VERSION, &minor) != NVJPEG_STATUS_SUCCESS ||
-        nvjpegGetProperty(PATCH_LEVEL, &patch) != NVJPEG_STATUS_SUCCESS)
+    if (nvjpeg()->GetProperty(MAJOR_VERSION, &major) != NVJPEG_STATUS_SUCCESS ||
+        nvjpeg()->GetProperty(MINOR_VERSION, &minor) != NVJPEG_STATUS_SUCCESS ||
+        nvjpeg()->GetProperty(PATCH_LEVEL, &patch) != NVJPEG_STATUS_SUCCESS)
         return "unknown";
     snprintf(text, sizeof text, "%d.%d.%d", major, minor, patch);
     return text;
@@ -180,6 +244,12 @@ extern "C" const char *ga_cuda_nvjpeg_version(void)
 
 extern "C" ga_status ga_cuda_jpeg_decoder_create(int device, ga_jpeg_decoder **out, int *hardware)
 {
+    if (!nvjpeg())
+        return GA_STATUS(
+            GA_ERR_NOT_SUPPORTED,
+            "libnvjpeg.so." GA_STR(
+                NVJPEG_VER_MAJOR) " could not be loaded: pip install "
+                                  "nvidia-nvjpeg, or decode on the CPU (decode=\"cpu\")");
     GA_WITH_DEVICE(device);
     ga_jpeg_decoder *d = new (std::nothrow) ga_jpeg_decoder();
     if (!d)
@@ -190,7 +260,7 @@ extern "C" ga_status ga_cuda_jpeg_decoder_create(int device, ga_jpeg_decoder **o
         close_backend(d->hardware);
     ga_status status = open_backend(d->hybrid, NVJPEG_BACKEND_DEFAULT);
     if (!status.error && d->hardware.handle) {
-        nvjpegStatus_t s = nvjpegJpegStreamCreate(d->hardware.handle, &d->parsed);
+        nvjpegStatus_t s = nvjpeg()->JpegStreamCreate(d->hardware.handle, &d->parsed);
         status = nvjpeg_error(s, "nvjpegJpegStreamCreate", __FILE__, __LINE__);
     }
     if (status.error) {
@@ -208,7 +278,7 @@ extern "C" void ga_cuda_jpeg_decoder_destroy(ga_jpeg_decoder *d)
         return;
     GaDeviceGuard guard(d->device);
     if (d->parsed)
-        nvjpegJpegStreamDestroy(d->parsed);
+        nvjpeg()->JpegStreamDestroy(d->parsed);
     close_backend(d->hardware);
     close_backend(d->hybrid);
     delete d;
@@ -220,8 +290,8 @@ extern "C" ga_status ga_cuda_jpeg_image_size(ga_jpeg_decoder *d, const uint8_t *
     int components = 0;
     nvjpegChromaSubsampling_t subsampling;
     int widths[NVJPEG_MAX_COMPONENT], heights[NVJPEG_MAX_COMPONENT];
-    GA_NVJPEG_TRY(nvjpegGetImageInfo(d->hybrid.handle, data, size, &components, &subsampling,
-                                     widths, heights));
+    GA_NVJPEG_TRY(nvjpeg()->GetImageInfo(d->hybrid.handle, data, size, &components, &subsampling,
+                                         widths, heights));
     *width = widths[0];
     *height = heights[0];
     return ga_ok();
@@ -240,9 +310,9 @@ extern "C" ga_status ga_cuda_decode_jpegs(ga_jpeg_decoder *d, int n, const uint8
         bad[i] = 0;
         int unsupported = 1;
         if (d->hardware.handle &&
-            nvjpegJpegStreamParse(d->hardware.handle, data[i], sizes[i], 0, 0, d->parsed) ==
+            nvjpeg()->JpegStreamParse(d->hardware.handle, data[i], sizes[i], 0, 0, d->parsed) ==
                 NVJPEG_STATUS_SUCCESS &&
-            nvjpegDecodeBatchedSupported(d->hardware.handle, d->parsed, &unsupported) ==
+            nvjpeg()->DecodeBatchedSupported(d->hardware.handle, d->parsed, &unsupported) ==
                 NVJPEG_STATUS_SUCCESS &&
             unsupported == 0)
             on_hardware.push_back(i);
