@@ -17,7 +17,6 @@ import atexit
 import collections
 import mmap
 import os
-import sys
 import warnings
 import weakref
 
@@ -222,8 +221,10 @@ def _close_all():
 
 
 def _is_dataloader(data):
-    torch = sys.modules.get("torch")
-    return torch is not None and isinstance(data, torch.utils.data.DataLoader)
+    """A torch DataLoader (or a subclass), told by its class alone: torch may
+    be half imported by another thread, and need not be imported at all."""
+    return any(c.__name__ == "DataLoader" and c.__module__.startswith("torch.utils.data")
+               for c in type(data).__mro__)
 
 
 def _image_pairs(data):
