@@ -344,10 +344,26 @@ horizontal(const ga_image_workspace *ws, const float *f, uint8_t *out, int64_t t
     }
 }
 
+/* Both passes are compiled twice, for any x86-64 and for AVX2 + FMA
+ * (Haswell on), and picked per call from what the CPU has, as normalize.c
+ * does (not with ifunc-based target_clones, whose resolvers run before
+ * the sanitizers' runtimes start). */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-__attribute__((target_clones("arch=haswell", "default")))
+#define GA_IMAGE_HASWELL 1
+#define GA_TARGET_HASWELL __attribute__((target("avx2,fma")))
+
+static int cpu_has_haswell(void)
+{
+    __builtin_cpu_init(); /* needed when called before the constructors ran */
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+#else
+#define GA_IMAGE_HASWELL 0
+#define GA_TARGET_HASWELL
 #endif
-void ga_image_resizer_row(ga_image_workspace *ws, int64_t row, const uint8_t *rgb, int64_t col0)
+
+static inline __attribute__((always_inline)) void resizer_row(ga_image_workspace *ws, int64_t row,
+                                                              const uint8_t *rgb, int64_t col0)
 {
     uint8_t *out = ws->rows + (size_t)(row - ws->y.lo) * (size_t)ws->row_bytes;
     int64_t cols = ws->x.hi - ws->x.lo;
@@ -368,51 +384,79 @@ void ga_image_resizer_row(ga_image_workspace *ws, int64_t row, const uint8_t *rg
     }
 }
 
-#define GA_VERTICAL_SUMS_BODY                                                        \
-    do {                                                                             \
-        const int32_t half = 1 << (GA_RESIZE_BITS - 1);                              \
-        for (int64_t i = 0; i < n; i++)                                              \
-            acc[i] = half;                                                           \
-        for (int64_t j = 0; j < tap->count; j++) {                                   \
-            const uint8_t *src = rows + (size_t)(tap->first + j - row0) * (size_t)n; \
-            int32_t wj = w[j];                                                       \
-            for (int64_t i = 0; i < n; i++)                                          \
-                acc[i] += wj * src[i];                                               \
-        }                                                                            \
-        for (int64_t i = 0; i < n; i++) {                                            \
-            int32_t v = acc[i] >> GA_RESIZE_BITS;                                    \
-            out[i] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);                       \
-        }                                                                            \
-    } while (0)
-
-static inline __attribute__((unused)) void vertical_sums_generic(uint8_t *out, int32_t *acc,
-                                                                 const uint8_t *rows, int64_t n,
-                                                                 const ga_resize_tap *tap,
-                                                                 const int32_t *w, int64_t row0)
+static void resizer_row_generic(ga_image_workspace *ws, int64_t row, const uint8_t *rgb,
+                                int64_t col0)
 {
-    GA_VERTICAL_SUMS_BODY;
+    resizer_row(ws, row, rgb, col0);
 }
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-__attribute__((target_clones("arch=haswell", "default"))) static void
-vertical_sums_clone(uint8_t *out, int32_t *acc, const uint8_t *rows, int64_t n,
-                    const ga_resize_tap *tap, const int32_t *w, int64_t row0)
+#if GA_IMAGE_HASWELL
+GA_TARGET_HASWELL static void resizer_row_haswell(ga_image_workspace *ws, int64_t row,
+                                                  const uint8_t *rgb, int64_t col0)
 {
-    GA_VERTICAL_SUMS_BODY;
+    resizer_row(ws, row, rgb, col0);
 }
 #endif
+
+void ga_image_resizer_row(ga_image_workspace *ws, int64_t row, const uint8_t *rgb, int64_t col0)
+{
+#if GA_IMAGE_HASWELL
+    if (cpu_has_haswell()) {
+        resizer_row_haswell(ws, row, rgb, col0);
+        return;
+    }
+#endif
+    resizer_row_generic(ws, row, rgb, col0);
+}
 
 /* The vertical pass: whole rows of multiply-adds, which the compiler
  * vectorizes (with AVX2 where the CPU has it: SSE2 has no 32-bit
  * multiply). */
+static inline __attribute__((always_inline)) void vertical_row(uint8_t *out, int32_t *acc,
+                                                               const uint8_t *rows, int64_t n,
+                                                               const ga_resize_tap *tap,
+                                                               const int32_t *w, int64_t row0)
+{
+    const int32_t half = 1 << (GA_RESIZE_BITS - 1);
+    for (int64_t i = 0; i < n; i++)
+        acc[i] = half;
+    for (int64_t j = 0; j < tap->count; j++) {
+        const uint8_t *src = rows + (size_t)(tap->first + j - row0) * (size_t)n;
+        int32_t wj = w[j];
+        for (int64_t i = 0; i < n; i++)
+            acc[i] += wj * src[i];
+    }
+    for (int64_t i = 0; i < n; i++) {
+        int32_t v = acc[i] >> GA_RESIZE_BITS;
+        out[i] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
+    }
+}
+
+static void vertical_row_generic(uint8_t *out, int32_t *acc, const uint8_t *rows, int64_t n,
+                                 const ga_resize_tap *tap, const int32_t *w, int64_t row0)
+{
+    vertical_row(out, acc, rows, n, tap, w, row0);
+}
+
+#if GA_IMAGE_HASWELL
+GA_TARGET_HASWELL static void vertical_row_haswell(uint8_t *out, int32_t *acc, const uint8_t *rows,
+                                                   int64_t n, const ga_resize_tap *tap,
+                                                   const int32_t *w, int64_t row0)
+{
+    vertical_row(out, acc, rows, n, tap, w, row0);
+}
+#endif
+
 static void vertical_sums(uint8_t *out, int32_t *acc, const uint8_t *rows, int64_t n,
                           const ga_resize_tap *tap, const int32_t *w, int64_t row0)
 {
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-    vertical_sums_clone(out, acc, rows, n, tap, w, row0);
-#else
-    vertical_sums_generic(out, acc, rows, n, tap, w, row0);
+#if GA_IMAGE_HASWELL
+    if (cpu_has_haswell()) {
+        vertical_row_haswell(out, acc, rows, n, tap, w, row0);
+        return;
+    }
 #endif
+    vertical_row_generic(out, acc, rows, n, tap, w, row0);
 }
 
 void ga_image_resizer_finish(ga_image_workspace *ws, const ga_image_geometry *g, uint8_t *dst)
