@@ -4,7 +4,7 @@
  * tensors described to the backend in logical NCHW order whatever the
  * layout, and the convolutions run on kernels/cpu or on cuDNN on the op's
  * stream, with the engine choice persisted in the tuning file
- * (gpuaccel/_tuning.py) and a workspace from ops.c.
+ * (gpuaccel/_tuning.py) and a workspace from workspace.c.
  */
 #include "conv.h"
 
@@ -12,7 +12,10 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "ops.h"
+#include "fallback.h"
+#include "opcall.h"
+#include "settings.h"
+#include "workspace.h"
 
 static ga_op_counters conv_counts;
 
@@ -99,7 +102,7 @@ static int parse_conv_args(PyObject *stride, PyObject *padding, PyObject *dilati
     }
     out->nhwc = strcmp(l, "NHWC") == 0;
     /* allow_tf32 is filled once the operands' dtype and device are known */
-    out->geom.deterministic = ga_op_deterministic();
+    out->geom.deterministic = ga_deterministic();
     return 0;
 }
 
@@ -239,7 +242,7 @@ static int run_cuda_conv(ga_state *st, const char *op, int device, ga_stream s, 
     if (!tuning.preferred)
         PyErr_Clear(); /* a stored name that is not text: no preference */
     size_t ws_size = conv_workspace_size();
-    void *ws = ga_op_workspace(st, device, s, ws_size);
+    void *ws = ga_workspace(st, device, s, ws_size);
     if (!ws) {
         /* short of memory for the workspace: engines that need none, or
          * the direct kernels, still run */
@@ -372,7 +375,7 @@ static PyObject *conv2d_entry(PyObject *module, PyObject *const *args, Py_ssize_
     PyObject *result = NULL;
     const ga_op *op = &f.op;
     if (ga_forward_begin(st, &f, arg.x, arg.weight, arg.bias, arg.stream) < 0 ||
-        (ca.geom.allow_tf32 = ga_op_allow_tf32(st, op, f.x->dtype, GA_TF32_CONV)) < 0 ||
+        (ca.geom.allow_tf32 = ga_allow_tf32(st, op->device, f.x->dtype, GA_TF32_CONV)) < 0 ||
         !(f.x_read = ga_op_describable(st, op, f.x)) ||
         !(f.weight_read = ga_op_describable(st, op, f.weight)))
         goto done;
@@ -560,7 +563,7 @@ static PyObject *conv2d_backward_entry(PyObject *module, PyObject *const *args, 
     PyObject *result = NULL;
     const ga_op *op = &g.op;
     if (ga_backward_begin(st, &g, arg.grad_y, arg.x, arg.weight, aux, arg.stream) < 0 ||
-        (ca.geom.allow_tf32 = ga_op_allow_tf32(st, op, g.x->dtype, GA_TF32_CONV)) < 0 ||
+        (ca.geom.allow_tf32 = ga_allow_tf32(st, op->device, g.x->dtype, GA_TF32_CONV)) < 0 ||
         !(xv = ga_op_describable(st, op, g.x)) || !(wv = ga_op_describable(st, op, g.weight)) ||
         !(gyv = ga_op_describable(st, op, g.grad_y)))
         goto done;

@@ -3,13 +3,16 @@
  * (every error names the argument, what was given and what is accepted),
  * their operands described to the backend as GEMMs, and the GEMMs run on
  * kernels/cpu or kernels/cuda on the op's stream, with a workspace from
- * ops.c.
+ * workspace.c.
  */
 #include "matmul.h"
 
 #include <string.h>
 
-#include "ops.h"
+#include "fallback.h"
+#include "opcall.h"
+#include "settings.h"
+#include "workspace.h"
 #include "transfer.h"
 
 static ga_op_counters matmul_counts;
@@ -26,9 +29,9 @@ PyObject *ga_py_matmul_stats(PyObject *module, PyObject *unused)
  * statistics. */
 static int run_gemm(ga_state *st, const ga_op *op, ga_matmul_desc *desc)
 {
-    if ((desc->allow_tf32 = ga_op_allow_tf32(st, op, desc->a.dtype, GA_TF32_MATMUL)) < 0)
+    if ((desc->allow_tf32 = ga_allow_tf32(st, op->device, desc->a.dtype, GA_TF32_MATMUL)) < 0)
         return -1;
-    desc->deterministic = ga_op_deterministic();
+    desc->deterministic = ga_deterministic();
     ga_op_report report;
     memset(&report, 0, sizeof report);
     ga_status status;
@@ -39,7 +42,7 @@ static int run_gemm(ga_state *st, const ga_op *op, ga_matmul_desc *desc)
     } else {
         int device = op->device.index;
         size_t ws_size = ga_cuda_matmul_workspace_size(device);
-        void *ws = ga_op_workspace(st, device, op->stream, ws_size);
+        void *ws = ga_workspace(st, device, op->stream, ws_size);
         if (!ws && ws_size)
             return -1;
         status = ga_cuda_matmul(device, desc, ws, ws_size, op->stream, &report);

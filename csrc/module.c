@@ -6,17 +6,18 @@
 #include "npy.h"
 
 #include "alloc.h"
+#include "args.h"
 #include "array_type.h"
 #include "conv.h"
 #include "create.h"
-#include "device.h"
+#include "event.h"
 #include "dlpack.h"
 #include "dtype.h"
 #include "loader.h"
 #include "logger.h"
 #include "matmul.h"
-#include "module.h"
-#include "ops.h"
+#include "fallback.h"
+#include "settings.h"
 
 PyDoc_STRVAR(cuda_error_doc, "A CUDA runtime call failed.\n\n"
                              ".code is the library's status code, .name its name (e.g. "
@@ -130,12 +131,12 @@ static int module_exec(PyObject *module)
         return -1;
     if (PyModule_AddIntConstant(module, "MAX_NDIM", GA_MAX_NDIM) < 0)
         return -1;
-    PyObject *reasons = ga_op_fallback_reason_names();
+    PyObject *reasons = ga_fallback_reason_names();
     int added = reasons ? PyModule_AddObjectRef(module, "_fallback_reasons", reasons) : -1;
     Py_XDECREF(reasons);
     if (added < 0)
         return -1;
-    return ga_op_fallback_policy_init();
+    return ga_fallback_policy_init();
 }
 
 static int module_traverse(PyObject *module, visitproc visit, void *arg)

@@ -308,7 +308,7 @@ typedef struct {
  * first four are limits the library documents (or gpuaccel's own rules)
  * and are only counted; from GA_FALLBACK_NO_ENGINE on, something that
  * should have run did not — a possible bug, a broken installation, or a
- * far slower kernel — and csrc/ops.c applies the fallback policy (allow,
+ * far slower kernel — and csrc/fallback.c applies the fallback policy (allow,
  * warn, raise) to them. */
 typedef enum {
     GA_FALLBACK_NONE = 0,

@@ -23,7 +23,7 @@
  *      describe the layout at all (no unit stride, negative strides).
  * A valid input therefore never ends in CUBLAS_STATUS_NOT_SUPPORTED.  The
  * report says why a call did not run fused (ga_fallback_reason, with
- * cuBLASLt's status and text): csrc/ops.c counts the reasons and applies
+ * cuBLASLt's status and text): csrc/fallback.c counts the reasons and applies
  * the fallback policy to the ones that may hide a bug (INVALID_VALUE) or
  * cost the most (no algorithm even for the plain GEMM).
  *
