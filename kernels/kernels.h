@@ -7,8 +7,40 @@
  * turns into a Python exception.  Every function may be called without the
  * GIL.
  *
- * A CPU-only build links kernels/nocuda.c in place of the kernels/cuda sources: the
- * ga_cuda_* functions then exist and report GA_ERR_NO_CUDA_BUILD.
+ * The backends of the ga_cuda_* functions: kernels/cuda (a CUDA build),
+ * kernels/nocuda (a CPU-only build: each reports GA_ERR_NO_CUDA_BUILD) and
+ * kernels/sim (the simulator, a test build); kernels/entry_points.h lists
+ * them once, and the last two are written from that list.  Host code both
+ * backends share: convert.h (element conversions), walk.h (how strided
+ * tensors are walked), check.h (argument checks), activation.h (the
+ * activations' formulas).
+ *
+ * Adding an op (or an entry point), in this order:
+ *   1. here: its descriptor struct, and ga_cpu_<op> / ga_cuda_<op>
+ *      declarations that say what they compute;
+ *   2. kernels/entry_points.h: one entry for ga_cuda_<op> (its kind, its
+ *      signature, what a CPU-only build does) — kernels/nocuda follows;
+ *   3. check.c: the argument checks, when both backends take the same ones;
+ *   4. kernels/cpu/<file>.c: the CPU implementation, the oracle the CUDA
+ *      one is tested against (float64 or float accumulation as convert.h);
+ *   5. kernels/cuda/<file>.cu: the CUDA implementation (elem.cuh to load and
+ *      store elements, GA_LAUNCH / GA_CUDA_TRY from common.cuh);
+ *   6. kernels/sim/sim.c: the simulator's ga_cuda_<op> — check each
+ *      operand's memory and stream order, then call ga_sim_kernel_<op>
+ *      (a KERNEL entry point) or the fallback kernels (a LIBRARY one);
+ *   7. csrc/: parse and check the Python arguments in the op's file through
+ *      opcall.h, declare ga_py_<op> in its header, and add it to module.c's
+ *      method table with a text signature (csrc/README.md);
+ *   8. gpuaccel/_api.py: export it; gpuaccel/torch.py when torch modules
+ *      use it;
+ *   9. tests/ops.py: one registry entry (sample inputs, references, dtypes),
+ *      which the suites draw from; tests/cudacpu/driver.cpp to run its CUDA
+ *      kernels on the CPU (tests/test_kernels_on_cpu.py); tests/README.md
+ *      maps sources to tests;
+ *  10. benchmarks/: side by side with torch.
+ * An activation is added in activation.h (formula and derivative, one
+ * source for both backends), ga_activation below, the libraries' epilogue
+ * maps (cuda/matmul.cu, cuda/conv.cu) and tests/ops.py's activation list.
  */
 #ifndef GPUACCEL_KERNELS_H
 #define GPUACCEL_KERNELS_H
@@ -217,6 +249,9 @@ ga_status ga_cuda_stream_wait_event(int device, ga_stream stream, ga_event event
  * device's. */
 ga_status ga_cuda_stream_wait_stream(int consumer_device, ga_stream consumer, int producer_device,
                                      ga_stream producer);
+
+/* 1 when work queued on `stream` is being captured into a CUDA graph. */
+ga_status ga_cuda_stream_capturing(ga_stream stream, int *capturing);
 
 ga_status ga_cuda_event_create(int device, int timing, ga_event *out);
 ga_status ga_cuda_event_destroy(int device, ga_event event);
@@ -538,8 +573,6 @@ void ga_cpu_logger_reset_window(void *state, int max_metrics, int64_t capacity, 
 ga_status ga_cuda_logger_update(int device, const ga_logger_update *u, ga_stream stream);
 ga_status ga_cuda_logger_reset_window(int device, void *state, int max_metrics, int64_t capacity,
                                       int64_t first_step, int64_t nsteps, ga_stream stream);
-/* 1 when work queued on `stream` is being captured into a CUDA graph. */
-ga_status ga_cuda_stream_capturing(ga_stream stream, int *capturing);
 
 /* ======================================================= profiler ranges */
 
@@ -550,6 +583,15 @@ ga_status ga_cuda_stream_capturing(ga_stream stream, int *capturing);
  * CPU-only build.  Costs an indirect call when no tool listens. */
 void ga_cuda_range_push(const char *name);
 void ga_cuda_range_pop(void);
+
+/* Every ga_cuda_* function above, listed once (the CPU-only and simulator
+ * backends are written from the list); declared again from the list, so
+ * that an entry that does not match its declaration above does not
+ * compile. */
+#include "entry_points.h"
+#define GA_DECLARE_CUDA_ENTRY_POINT(kind, ret, name, params, ...) ret ga_cuda_##name params;
+GA_CUDA_ENTRY_POINTS(GA_DECLARE_CUDA_ENTRY_POINT)
+#undef GA_DECLARE_CUDA_ENTRY_POINT
 
 #ifdef __cplusplus
 }

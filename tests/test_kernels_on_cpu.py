@@ -103,8 +103,8 @@ def build_driver(variant):
     for name in ("fiber.cpp", "cudart.cpp"):
         jobs.append((os.path.join(ROOT, "kernels", "cudacpu", name), cxx + layer_san))
     jobs.append((os.path.join(ROOT, "tests", "cudacpu", "driver.cpp"), cxx + san))
-    for src in sorted(glob.glob(os.path.join(ROOT, "kernels", "cpu", "*.c"))) + [
-            os.path.join(ROOT, "kernels", "layout.c")]:
+    for src in sorted(glob.glob(os.path.join(ROOT, "kernels", "cpu", "*.c"))) + sorted(
+            glob.glob(os.path.join(ROOT, "kernels", "*.c"))):
         jobs.append((src, [CC, "-std=c11"] + common + san))
 
     def compile_one(job):

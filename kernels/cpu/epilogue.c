@@ -1,5 +1,5 @@
 /*
- * activation.c — the elementwise epilogues of a linear layer on the CPU:
+ * epilogue.c — the elementwise epilogues of a linear layer on the CPU:
  *   forward:  y = act(x + bias[c]), preact <- x + bias
  *   backward: dz = grad_y * act'(aux), bias_grad[c] <- sum of dz over every dim but c
  * on N-dimensional strided tensors of any float dtype.
@@ -18,8 +18,8 @@
 
 #include "../activation.h"
 #include "../convert.h"
-#include "../internal.h"
-#include "floatrun.h"
+#include "../check.h"
+#include "../walk.h"
 #include "parallel.h"
 
 /* Elements per task, and per inner segment (a stack buffer per operand). */
