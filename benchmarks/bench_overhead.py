@@ -13,7 +13,7 @@ the rounds and the ratio of medians.  On CUDA every round ends with a
 synchronize, so the numbers are host time while the GPU keeps up (tiny
 shapes) — and the time per step at the bench sizes.
 
-Goals (issue 20): fwd+bwd <= 0.75x torch eager and the no-grad forward
+Goals: fwd+bwd <= 0.75x torch eager and the no-grad forward
 <= 1.0x at tiny shapes; ga.from_dlpack(torch tensor) <= 0.5 us; at the bench
 sizes on CPU, fused fwd+bwd >= 0.95x torch eager's speed.
 """

@@ -318,8 +318,9 @@ static PyType_Slot Device_slots[] = {
     {Py_tp_hash, Device_hash},
     {Py_tp_getset, Device_getset},
     {Py_tp_methods, Device_methods},
-    {Py_tp_doc, "Device('cpu' | 'cuda' | 'cuda:N') — where an Array's memory lives.\n\n"
-                "Also accepts a torch.device, an int N (cuda:N) or Device('cuda', N)."},
+    {Py_tp_doc, "Device(device, index=None)\n--\n\nWhere an Array's memory lives: Device('cpu'), "
+                "Device('cuda'), Device('cuda:N') or Device('cuda', N).  "
+                "Also accepts a torch.device or an int N (cuda:N)."},
     {0, NULL},
 };
 

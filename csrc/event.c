@@ -178,16 +178,17 @@ static PyGetSetDef Event_getset[] = {
 
 static PyMethodDef Event_methods[] = {
     {"record", (PyCFunction)(void (*)(void))Event_record, METH_VARARGS | METH_KEYWORDS,
-     "record(stream=None)\n\nRecords the event after the work queued so far on the stream "
-     "(the current stream by default)."},
+     "record($self, /, stream=None)\n--\n\nRecords the event after the work queued so far on the "
+     "stream (the current stream by default)."},
     {"query", (PyCFunction)Event_query, METH_NOARGS,
-     "True when the recorded work is done (or the event was never recorded)."},
+     "query($self, /)\n--\n\nTrue when the recorded work is done (or the event was never "
+     "recorded)."},
     {"synchronize", (PyCFunction)Event_synchronize, METH_NOARGS,
-     "Waits for the recorded work (releases the GIL)."},
+     "synchronize($self, /)\n--\n\nWaits for the recorded work (releases the GIL)."},
     {"wait", (PyCFunction)(void (*)(void))Event_wait, METH_VARARGS | METH_KEYWORDS,
-     "wait(stream=None)\n\nMakes future work on the stream wait for this event."},
+     "wait($self, /, stream=None)\n--\n\nMakes future work on the stream wait for this event."},
     {"elapsed_ms", (PyCFunction)Event_elapsed_ms, METH_O,
-     "elapsed_ms(end) -> float\n\nMilliseconds between this event and `end`."},
+     "elapsed_ms($self, end, /)\n--\n\nReturns float.  Milliseconds between this event and `end`."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -197,7 +198,7 @@ static PyType_Slot Event_slots[] = {
     {Py_tp_repr, Event_repr},
     {Py_tp_getset, Event_getset},
     {Py_tp_methods, Event_methods},
-    {Py_tp_doc, "Event(timing=False) — a CUDA event, created on the device of the first "
+    {Py_tp_doc, "Event(timing=False)\n--\n\nA CUDA event, created on the device of the first "
                 "stream it is recorded on."},
     {0, NULL},
 };

@@ -296,17 +296,22 @@ static PyGetSetDef Stream_getset[] = {
 static PyMethodDef Stream_methods[] = {
     {"from_handle", (PyCFunction)(void (*)(void))Stream_from_handle,
      METH_VARARGS | METH_KEYWORDS | METH_CLASS,
-     "Stream.from_handle(handle, device=None) -> Stream\n\nWraps an existing cudaStream_t "
-     "(e.g. torch.cuda.current_stream().cuda_stream) without taking ownership."},
+     "from_handle($type, /, handle, device=None)\n--\n\nStream.from_handle(handle, device=None) "
+     "-> Stream\n\nWraps an existing cudaStream_t (e.g. torch.cuda.current_stream().cuda_stream) "
+     "without taking ownership."},
     {"synchronize", (PyCFunction)Stream_synchronize, METH_NOARGS,
-     "Waits until all work queued on the stream is done (releases the GIL)."},
-    {"query", (PyCFunction)Stream_query, METH_NOARGS, "True when all queued work is done."},
+     "synchronize($self, /)\n--\n\nWaits until all work queued on the stream is done (releases "
+     "the GIL)."},
+    {"query", (PyCFunction)Stream_query, METH_NOARGS,
+     "query($self, /)\n--\n\nTrue when all queued work is done."},
     {"wait_event", (PyCFunction)Stream_wait_event, METH_O,
-     "Makes future work on this stream wait for the event (never blocks the host)."},
+     "wait_event($self, event, /)\n--\n\nMakes future work on this stream wait for the event "
+     "(never blocks the host)."},
     {"wait_stream", (PyCFunction)Stream_wait_stream, METH_O,
-     "Makes future work on this stream wait for the work queued so far on another."},
+     "wait_stream($self, stream, /)\n--\n\nMakes future work on this stream wait for the work "
+     "queued so far on another."},
     {"record_event", (PyCFunction)(void (*)(void))Stream_record_event, METH_VARARGS | METH_KEYWORDS,
-     "record_event(event=None) -> Event"},
+     "record_event($self, /, event=None)\n--\n\nReturns Event."},
     {"__enter__", (PyCFunction)Stream_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)Stream_exit, METH_VARARGS, NULL},
     {NULL, NULL, 0, NULL},
@@ -322,7 +327,7 @@ static PyType_Slot Stream_slots[] = {
     {Py_tp_hash, Stream_hash},
     {Py_tp_getset, Stream_getset},
     {Py_tp_methods, Stream_methods},
-    {Py_tp_doc, "Stream(device=None, priority=0) — a CUDA stream.\n\n`with stream:` makes it "
+    {Py_tp_doc, "Stream(device=None, priority=0)\n--\n\nA CUDA stream.  `with stream:` makes it "
                 "the current stream of its device for gpuaccel work in this thread/context."},
     {0, NULL},
 };

@@ -526,9 +526,9 @@ def test_conv_graphs_describe_the_convolution(conv_replies, cudnn_enums, capsys)
     # engines for every plain convolution gpuaccel asks for
     empty = [(name, heur) for name, kind, heur in rows if kind == "conv" and not heur.get("offered")]
     assert not empty, empty
-    # issue 19 b: conv -> add -> GELU (saved pre-activation or not) fuses only
-    # on runtime-fusion engines (1-2 configs offered here); conv -> add, the
-    # split route's graph, on as many as the convolution alone
+    # the split route exists because conv -> add -> GELU (saved pre-activation
+    # or not) fuses only on runtime-fusion engines (1-2 configs offered here);
+    # conv -> add, the split route's graph, on as many as the convolution alone
     offered = {(name, kind): heur.get("offered", 0) for name, kind, heur in rows}
     for case in CONV_CASES:
         if (case.name, "split") not in offered:
@@ -774,7 +774,7 @@ def test_cudnn_refusals_become_fallback_reasons(reasons):
 @pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
 def test_a_capturing_call_of_a_cold_problem_is_refused_before_any_setup():
     # no device here: cudaStreamIsCapturing cannot tell, which conv.cu treats
-    # as a capture (issue 19 f)
+    # as a capture, so nothing that tunes may run
     cases = [ConvCase("cap-fwd", "float16", "nhwc", "fwd", GEOMETRIES[0], bias=True, act="gelu"),
              ConvCase("cap-dgrad", "float32", "nchw", "bwd_data", GEOMETRIES[1]),
              ConvCase("cap-wgrad", "bfloat16", "nhwc", "bwd_filter", GEOMETRIES[3])]
@@ -807,7 +807,7 @@ def test_a_problem_cached_as_direct_runs_without_cudnn_even_when_capturing():
 
 @pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
 def test_a_search_is_bounded_across_both_heuristic_modes():
-    # issue 19 e: a first call finalizes (and may compile) at most 12 configs in all,
+    # first-call latency: a search finalizes (and may compile) at most 12 configs in all,
     # stops at the plans it can use (6 timed; 2 when deterministic, untimed)
     lines = ["probe=search_budget id=b%d deterministic=%d yield=%d" % (i, det, y)
              for i, (det, y) in enumerate([(0, 1), (1, 1), (0, 0), (1, 0)])]
@@ -817,7 +817,7 @@ def test_a_search_is_bounded_across_both_heuristic_modes():
 
 @pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
 def test_persisted_choices_name_their_route():
-    # the tuning file's strings: the split route (issue 19 b) is kept apart from the others
+    # the tuning file's strings: the split route is kept apart from the others
     texts = {"eng12:k1=0,k3=2": 0, "unfused:eng3": 1, "direct": 2, "split:eng7:k2=1": 3}
     bad = ["split:", "split:direct", "eng", "fused:eng1", "eng1:k2", "split:eng-1"]
     lines = ["probe=choice id=c%d text=%s" % (i, t) for i, t in enumerate(list(texts) + bad)]

@@ -1,5 +1,5 @@
 """The fallback policy: what a CUDA op does when cuBLASLt or cuDNN did not run
-the call gpuaccel asked for (issue 19, item c).
+the call gpuaccel asked for.
 
 kernels/cuda reports why (ga_fallback_reason, with the library's status and
 message); csrc/fallback.c counts every reason in matmul_stats()/conv_stats() and,
