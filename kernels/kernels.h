@@ -277,7 +277,7 @@ ga_status ga_cuda_memcpy_async(int device, void *dst, const void *src, size_t si
                                ga_stream stream);
 /* The host is about to read (write 0) or write (write 1) `size` bytes of
  * pinned memory at `ptr`, having waited for the GPU work that uses them.
- * Nothing to do for the CUDA runtime; the simulator (kernels/sim.c) checks
+ * Nothing to do for the CUDA runtime; the simulator (kernels/sim/sim.c) checks
  * that the wait happened and fails the call when it did not. */
 ga_status ga_cuda_host_access(const void *ptr, size_t size, int write);
 /* Where a pointer lives: *kind 0 unregistered host, 1 pinned host, 2 device,
