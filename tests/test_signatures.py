@@ -65,7 +65,7 @@ def test_signature_names_are_the_names_the_parser_takes(name):
         # call fails, but not because a keyword is unknown
         kwargs = {p.name: object() for p in required}
         kwargs[param.name] = object()
-        with pytest.raises(Exception) as info:  # noqa: BLE001 - any refusal but "unknown keyword"
+        with pytest.raises(Exception) as info:  # any refusal but "unknown keyword"
             fn(**kwargs)
         assert not _unknown_keyword(info.value), (name, param.name, info.value)
     with pytest.raises(TypeError):

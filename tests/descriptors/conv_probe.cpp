@@ -4,10 +4,10 @@
  *
  * conv.cu is included, not linked, so that its anonymous namespace
  * (init_problem, build_graph, make_variant_pack, rules_of) is in reach, and
- * cudnn_graph.cu (the graph code it uses) with it; the link keeps only what the probe reaches (--gc-sections), so
- * the execution paths, which need the direct kernels and a device, stay
- * out.  Graphs are built without a cuDNN handle, which cuDNN >= 9.8 does
- * not need and which cannot be created without a GPU.
+ * cudnn_graph.cu (the graph code it uses) with it; the link keeps only what the probe reaches
+ * (--gc-sections), so the execution paths, which need the direct kernels and a device, stay out.
+ * Graphs are built without a cuDNN handle, which cuDNN >= 9.8 does not need and which cannot be
+ * created without a GPU.
  *
  * cuDNN reads back tensors and convolution descriptors, not pointwise
  * operations, operation graphs or variant packs (NOT_SUPPORTED), and it
