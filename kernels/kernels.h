@@ -291,7 +291,43 @@ ga_status ga_cuda_fill(int device, const ga_tensor *dst, ga_scalar value, ga_str
 
 /* ======================================================== matmul / linear */
 
-typedef enum { GA_ACT_NONE = 0, GA_ACT_RELU = 1, GA_ACT_GELU = 2 } ga_activation;
+/* The activations a fused op applies (kernels/activation.h has their
+ * formulas).  GA_ACT_GELU is the exact (erf) GELU of nn.GELU();
+ * GA_ACT_GELU_TANH its tanh approximation, the only GELU cuBLASLt's
+ * epilogues know. */
+typedef enum {
+    GA_ACT_NONE = 0,
+    GA_ACT_RELU,
+    GA_ACT_GELU,
+    GA_ACT_GELU_TANH,
+    GA_ACT_SILU,
+    GA_ACT_HARDSWISH,
+    GA_ACT_SIGMOID,
+    GA_ACT_COUNT
+} ga_activation;
+
+/* The name the Python API takes for an activation ("none" for
+ * GA_ACT_NONE, "?" for no activation at all). */
+static inline const char *ga_activation_name(ga_activation act)
+{
+    static const char *const names[GA_ACT_COUNT] = {"none", "relu",      "gelu",   "gelu_tanh",
+                                                    "silu", "hardswish", "sigmoid"};
+    return act >= GA_ACT_NONE && act < GA_ACT_COUNT ? names[act] : "?";
+}
+
+GA_HD int ga_activation_is_valid(ga_activation act)
+{
+    return act >= GA_ACT_NONE && act < GA_ACT_COUNT;
+}
+
+/* Whether the derivative can be taken from the activation's output y
+ * (relu: y > 0 exactly when z > 0), so that a layer keeps y instead of
+ * saving the pre-activation z as well; every other activation's
+ * derivative reads z. */
+GA_HD int ga_activation_grad_reads_output(ga_activation act)
+{
+    return act == GA_ACT_RELU;
+}
 
 /* A batch of matrices: element (b, i, j) lives at
  *   data + (b * batch_stride + i * row_stride + j * col_stride) * itemsize
@@ -329,7 +365,7 @@ typedef struct {
     ga_activation activation;
     ga_matrix preact;          /* written when .data is set; D's dtype */
     ga_activation dact;        /* GA_ACT_NONE: no backward epilogue */
-    ga_matrix dact_aux;        /* M x N: z (gelu, relu) or y = relu(z) (relu) */
+    ga_matrix dact_aux;        /* M x N: z, or y = relu(z) for relu */
     void *col_sums;            /* N values, or NULL */
     ga_dtype col_sums_dtype;   /* float32 or D's dtype */
     void *a_row_sums;          /* M values, or NULL */

@@ -401,9 +401,7 @@ std::string probe_conv(const ProbeCase &c)
                   : op_name == "bwd_filter" ? GA_CONV_BWD_FILTER
                                             : GA_CONV_FWD;
     std::string act_name = c.text("act");
-    ga_activation act = act_name == "relu"   ? GA_ACT_RELU
-                        : act_name == "gelu" ? GA_ACT_GELU
-                                             : GA_ACT_NONE;
+    ga_activation act = activation_by_name(act_name);
     ga_conv_geometry g;
     memset(&g, 0, sizeof g);
     std::vector<int64_t> stride = c.integers("stride"), padding = c.integers("padding"),
