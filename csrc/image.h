@@ -6,7 +6,8 @@
 #ifndef GPUACCEL_IMAGE_H
 #define GPUACCEL_IMAGE_H
 
-#include "module.h"
+#include "args.h"
+#include "errors.h"
 
 /* A transform spec tuple (gpuaccel/images.py's _Pipeline.spec) for `epoch`
  * into *t; -1 with an exception set. */

@@ -2,7 +2,7 @@
 on the workers, the copy stream and the fused normalize) and decode="gpu"
 (nvJPEG, then the resize kernel and the normalize on the copy stream).
 
-In the simulator (kernels/sim.c) nvJPEG's stand-in decodes on the CPU, so
+In the simulator (kernels/sim/sim.c) nvJPEG's stand-in decodes on the CPU, so
 these check the GPU path's buffers, kernels and stream order; nvJPEG's own
 decoding (and its hardware backend) needs a real GPU."""
 

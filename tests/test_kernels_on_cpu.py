@@ -28,13 +28,25 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from helpers import TOLERANCE, cuda_include_dir, numpy_dtype, seed_for
+from helpers import ACTIVATIONS, TOLERANCE, activation_grad_ref, activation_ref, cuda_include_dir, numpy_dtype, seed_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCHEDULES = ["forward", "reverse", "random:1"]
 FLOATS = ["float16", "bfloat16", "float32", "float64"]
 DTYPES = ["bool", "uint8", "int8", "int16", "int32", "int64"] + FLOATS
-ACT = {"none": 0, "relu": 1, "gelu": 2}
+
+
+def _activation_values():
+    """kernels.h's ga_activation values by name: the driver takes the
+    numbers, and the enum is read from the header the kernels compile."""
+    text = open(os.path.join(ROOT, "kernels", "kernels.h")).read()
+    body = re.search(r"typedef enum \{([^}]*)\} ga_activation;", text).group(1)
+    names = [m.lower() for m in re.findall(r"GA_ACT_(\w+)", body) if m != "COUNT"]
+    assert sorted(names) == sorted(["none"] + ACTIVATIONS), names
+    return {name: k for k, name in enumerate(names)}
+
+
+ACT = _activation_values()
 
 # ------------------------------------------------------------------ build
 
@@ -103,8 +115,8 @@ def build_driver(variant):
     for name in ("fiber.cpp", "cudart.cpp"):
         jobs.append((os.path.join(ROOT, "kernels", "cudacpu", name), cxx + layer_san))
     jobs.append((os.path.join(ROOT, "tests", "cudacpu", "driver.cpp"), cxx + san))
-    for src in sorted(glob.glob(os.path.join(ROOT, "kernels", "cpu", "*.c"))) + [
-            os.path.join(ROOT, "kernels", "layout.c")]:
+    for src in sorted(glob.glob(os.path.join(ROOT, "kernels", "cpu", "*.c"))) + sorted(
+            glob.glob(os.path.join(ROOT, "kernels", "*.c"))):
         jobs.append((src, [CC, "-std=c11"] + common + san))
 
     def compile_one(job):
@@ -318,20 +330,11 @@ def rounding_bound(reference, dtype):
 
 
 def act64(act, z):
-    if act == "relu":
-        return np.maximum(z, 0.0)
-    if act == "gelu":
-        return 0.5 * z * (1.0 + np.tanh(0.7978845608028654 * (z + 0.044715 * z**3)))
-    return z
+    return activation_ref(z, act)
 
 
 def act_grad64(act, z):
-    if act == "relu":
-        return (z > 0).astype(np.float64)
-    if act == "gelu":
-        t = np.tanh(0.7978845608028654 * (z + 0.044715 * z**3))
-        return 0.5 * (1 + t) + 0.5 * z * (1 - t * t) * 0.7978845608028654 * (1 + 3 * 0.044715 * z * z)
-    return np.ones_like(z)
+    return activation_grad_ref(z, act)
 
 
 def cast_to(x64, dtype):
@@ -407,8 +410,11 @@ def copy_cases(rng):
 def bias_act_cases(rng):
     cases = []
     combos = [("float32", "float32", "float32", "gelu"), ("float16", "float16", "float32", "relu"),
-              ("bfloat16", "bfloat16", "bfloat16", "gelu"), ("float64", "float64", "float64", "gelu"),
-              ("float32", "float16", "float64", "none"), ("float16", "bfloat16", "float16", "gelu")]
+              ("bfloat16", "bfloat16", "bfloat16", "gelu_tanh"), ("float64", "float64", "float64", "gelu"),
+              ("float32", "float16", "float64", "none"), ("float16", "bfloat16", "float16", "silu"),
+              ("float64", "float64", "float64", "hardswish"), ("float32", "bfloat16", "float32", "sigmoid"),
+              ("float32", "float32", "float32", "silu"), ("float64", "float64", "float64", "sigmoid"),
+              ("float16", "float16", "float16", "hardswish"), ("float64", "float64", "float64", "gelu_tanh")]
     for k, (x_dtype, y_dtype, b_dtype, act) in enumerate(combos):
         shape, channel_dim = [((3, 37, 29), 2), ((2, 5, 7, 9), 1), ((301,), 0)][k % 3]
         x = values(rng, shape, x_dtype)
@@ -468,6 +474,14 @@ def act_backward_cases(rng):
         ("tile8", (69, 77), 1, ("bfloat16", "bfloat16", "bfloat16", "bfloat16"), "none", "bgrad_tile_kernel"),
         ("tile16", (65, 2049), 1, ("float32", "float32", "float32", "float32"), "relu", "bgrad_tile_kernel"),
         ("tile32", (65, 4099), 1, ("float64", "float64", "float64", "float64"), "none", "bgrad_tile_kernel"),
+        ("elementwise", (3, 37, 29), None, ("float64", "float64", "float64", None), "gelu_tanh", None),
+        ("elementwise", (4, 33), None, ("float32", "float32", "float32", None), "silu", None),
+        ("elementwise", (301,), None, ("float64", "float64", "float64", None), "hardswish", None),
+        ("elementwise", (5, 7, 9), None, ("bfloat16", "float32", "bfloat16", None), "sigmoid", None),
+        ("thread", (9, 7, 3), 1, ("float64", "float64", "float64", "float64"), "silu", None),
+        ("block", (2, 3, 9, 13), 1, ("float32", "float32", "float32", "float32"), "hardswish", None),
+        ("tile8", (67, 101), 1, ("float64", "float64", "float64", "float64"), "sigmoid", None),
+        ("tile8", (33, 45), 1, ("float16", "float16", "float16", "float32"), "gelu_tanh", None),
     ]
     for k, (kind, shape, channel_dim, (g_dtype, a_dtype, dz_dtype, bg_dtype), act, limit) in enumerate(plans):
         g = values(rng, shape, g_dtype)
@@ -531,6 +545,14 @@ def matmul_cases(rng):
         ("bfloat16", "bfloat16", 1, 41, 23, 18, "a_row_sums"),
         ("float16", "float16", 2, 17, 16, 33, "dact_gelu"),
         ("float32", "float32", 1, 29, 0, 21, "col_sums"),
+        ("float64", "float64", 2, 23, 19, 27, "bias_silu_preact"),
+        ("float32", "float32", 1, 31, 21, 17, "bias_hardswish"),
+        ("bfloat16", "float32", 2, 13, 29, 19, "bias_sigmoid_preact"),
+        ("float64", "float64", 1, 25, 18, 22, "bias_gelu_tanh"),
+        ("float32", "float32", 2, 19, 17, 23, "dact_silu_col_sums"),
+        ("float64", "float64", 1, 21, 13, 29, "dact_hardswish"),
+        ("float64", "float64", 1, 17, 22, 15, "dact_sigmoid_col_sums"),
+        ("float32", "float32", 2, 15, 31, 18, "dact_gelu_tanh"),
     ]
     for k, (dtype, d_dtype, batch, M, K, N, epilogue) in enumerate(plans):
         a = values(rng, (batch, M, K), dtype)
@@ -548,7 +570,7 @@ def matmul_cases(rng):
             fields["bias"] = values(rng, (N,), d_dtype)
             c.ptr("bias", fields["bias"])
             c.dtype("bias_dtype", d_dtype)
-        act = "gelu" if "gelu" in epilogue else "relu" if "relu" in epilogue else "none"
+        act = next((a for a in sorted(ACTIVATIONS, key=len, reverse=True) if "_" + a in epilogue), "none")
         if epilogue.startswith("dact"):
             fields["aux"] = values(rng, (batch, M, N), d_dtype)
             c.ints("dact", ACT[act])
@@ -675,6 +697,10 @@ def conv_cases(rng):
         ("float64", 1, 4, 7, 8, 6, 3, 2, (1, 2), (0, 1), (2, 1), 2, "relu", True),
         ("float16", 2, 6, 6, 7, 3, 2, 3, (1, 1), (1, 0), (1, 2), 3, "none", False),
         ("bfloat16", 1, 2, 8, 5, 4, 3, 3, (2, 2), (1, 1), (1, 1), 1, "gelu", True),
+        ("float64", 2, 3, 7, 6, 4, 3, 3, (1, 1), (1, 1), (1, 1), 1, "silu", False),
+        ("float32", 1, 4, 9, 7, 4, 3, 2, (2, 1), (1, 1), (1, 2), 2, "hardswish", True),
+        ("float64", 1, 3, 6, 9, 6, 2, 3, (1, 2), (0, 1), (1, 1), 3, "sigmoid", False),
+        ("float32", 2, 2, 5, 8, 3, 3, 3, (1, 1), (2, 1), (2, 1), 1, "gelu_tanh", True),
     ]
     for k, (dtype, N, C, H, W, K, R, S, stride, padding, dilation, groups, act, last) in enumerate(plans):
         P, Q = out_size(H, padding[0], dilation[0], R, stride[0]), out_size(W, padding[1], dilation[1], S, stride[1])
