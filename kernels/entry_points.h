@@ -159,8 +159,8 @@
 /* clang-format on */
 
 #define GA_CUDA_ENTRY_POINTS(X)     \
-    GA_CUDA_RUNTIME_ENTRY_POINTS(X)                                                                \
-    GA_CUDA_KERNEL_ENTRY_POINTS(X)                                                                 \
+    GA_CUDA_RUNTIME_ENTRY_POINTS(X) \
+    GA_CUDA_KERNEL_ENTRY_POINTS(X)  \
     GA_CUDA_LIBRARY_ENTRY_POINTS(X)
 
 #endif
