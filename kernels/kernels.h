@@ -38,9 +38,13 @@
  *      kernels on the CPU (tests/test_kernels_on_cpu.py); tests/README.md
  *      maps sources to tests;
  *  10. benchmarks/: side by side with torch.
- * An activation is added in activation.h (formula and derivative, one
- * source for both backends), ga_activation below, the libraries' epilogue
- * maps (cuda/matmul.cu, cuda/conv.cu) and tests/ops.py's activation list.
+ * An activation is added in ga_activation and ga_activation_name below,
+ * activation.h (formula and derivative, one source for both backends),
+ * csrc/opcall.c's names, the libraries' maps (cuda/matmul.cu's
+ * fused_epilogue and split_epilogue, cuda/cudnn_graph.cu's
+ * activation_mode), gpuaccel/torch.py's tables (its torch function, whether
+ * the backward reads the pre-activation) and the tests' activation list
+ * (tests/helpers.py's ACTIVATIONS with its references).
  */
 #ifndef GPUACCEL_KERNELS_H
 #define GPUACCEL_KERNELS_H
@@ -307,7 +311,7 @@ typedef enum {
 } ga_activation;
 
 /* The name the Python API takes for an activation ("none" for
- * GA_ACT_NONE, "?" for no activation at all). */
+ * GA_ACT_NONE, "?" for a value out of range). */
 static inline const char *ga_activation_name(ga_activation act)
 {
     static const char *const names[GA_ACT_COUNT] = {"none", "relu",      "gelu",   "gelu_tanh",

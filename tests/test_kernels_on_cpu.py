@@ -535,7 +535,9 @@ def act_backward_cases(rng):
 
 def matmul_cases(rng):
     """The generic GEMM and the epilogue kernels after it: what
-    ga_cuda_matmul runs when cuBLASLt cannot (kernels/cuda/fallback.h)."""
+    ga_cuda_matmul runs when cuBLASLt cannot (kernels/cuda/fallback.h);
+    and ("split_...") the split route's activation after a GEMM + bias
+    (cuBLASLt's half done by the generic kernel here)."""
     cases = []
     plans = [
         # (dtype, d_dtype, batch, M, K, N, epilogue)
@@ -553,11 +555,17 @@ def matmul_cases(rng):
         ("float64", "float64", 1, 21, 13, 29, "dact_hardswish"),
         ("float64", "float64", 1, 17, 22, 15, "dact_sigmoid_col_sums"),
         ("float32", "float32", 2, 15, 31, 18, "dact_gelu_tanh"),
+        ("float32", "float32", 2, 21, 19, 25, "split_bias_silu_preact"),
+        ("float64", "float64", 1, 27, 16, 13, "split_gelu"),
+        ("bfloat16", "bfloat16", 2, 11, 33, 20, "split_bias_hardswish"),
+        ("float16", "float32", 1, 23, 17, 29, "split_bias_sigmoid_preact"),
+        ("float32", "float32", 1, 17, 23, 21, "split_bias_relu_preact"),
     ]
     for k, (dtype, d_dtype, batch, M, K, N, epilogue) in enumerate(plans):
         a = values(rng, (batch, M, K), dtype)
         b = values(rng, (batch, K, N), dtype)
-        c = Case("matmul %s->%s %dx%dx%dx%d %s" % (dtype, d_dtype, batch, M, K, N, epilogue), "matmul")
+        op = "matmul_split" if epilogue.startswith("split") else "matmul"
+        c = Case("%s %s->%s %dx%dx%dx%d %s" % (op, dtype, d_dtype, batch, M, K, N, epilogue), op)
         c.ints("batch", batch)
         # A transposed in memory, B with gaps, D reversed along rows
         a_mem = np.swapaxes(strided(rng, np.swapaxes(a, 1, 2).copy()), 1, 2) if k % 2 else strided(rng, a)

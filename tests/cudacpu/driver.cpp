@@ -396,6 +396,28 @@ ga_status selftest(const Side &s)
                           "cudacpu_selftest", __FILE__, __LINE__);
 }
 
+ga_matmul_desc matmul_desc(const Side &s)
+{
+    ga_matmul_desc d;
+    memset(&d, 0, sizeof d);
+    d.batch = s.integer("batch", 1);
+    d.a = s.matrix("a");
+    d.b = s.matrix("b");
+    d.d = s.matrix("d");
+    d.bias = s.ptr("bias");
+    d.bias_dtype = s.dtype("bias_dtype");
+    d.activation = (ga_activation)s.integer("activation");
+    d.preact = s.matrix("preact");
+    d.dact = (ga_activation)s.integer("dact");
+    d.dact_aux = s.matrix("dact_aux");
+    d.col_sums = s.ptr("col_sums");
+    d.col_sums_dtype = s.dtype("col_sums_dtype");
+    d.a_row_sums = s.ptr("a_row_sums");
+    d.a_row_sums_dtype = s.dtype("a_row_sums_dtype");
+    d.deterministic = 1;
+    return d;
+}
+
 /* The call of `op` on one side. */
 ga_status run(const std::string &op, const Side &s, bool cuda)
 {
@@ -439,27 +461,27 @@ ga_status run(const std::string &op, const Side &s, bool cuda)
                     : ga_cpu_activation_backward(&d);
     }
     if (op == "matmul") {
-        ga_matmul_desc d;
-        memset(&d, 0, sizeof d);
-        d.batch = s.integer("batch", 1);
-        d.a = s.matrix("a");
-        d.b = s.matrix("b");
-        d.d = s.matrix("d");
-        d.bias = s.ptr("bias");
-        d.bias_dtype = s.dtype("bias_dtype");
-        d.activation = (ga_activation)s.integer("activation");
-        d.preact = s.matrix("preact");
-        d.dact = (ga_activation)s.integer("dact");
-        d.dact_aux = s.matrix("dact_aux");
-        d.col_sums = s.ptr("col_sums");
-        d.col_sums_dtype = s.dtype("col_sums_dtype");
-        d.a_row_sums = s.ptr("a_row_sums");
-        d.a_row_sums_dtype = s.dtype("a_row_sums_dtype");
-        d.deterministic = 1;
+        ga_matmul_desc d = matmul_desc(s);
         if (!cuda)
             return ga_cpu_matmul(&d);
         GA_TRY_STATUS(ga_cuda_matmul_check(&d));
         return ga_cuda_matmul_unfused(device, &d, 0, stream);
+    }
+    if (op == "matmul_split") {
+        /* matmul.cu's split route: the GEMM and its bias into the
+         * pre-activation z (kept) or D — cuBLASLt's half, done here by the
+         * generic kernel — then D = act(z) */
+        ga_matmul_desc d = matmul_desc(s);
+        if (!cuda)
+            return ga_cpu_matmul(&d);
+        GA_TRY_STATUS(ga_cuda_matmul_check(&d));
+        ga_matmul_desc z = d;
+        z.activation = GA_ACT_NONE;
+        if (d.preact.data)
+            z.d = d.preact;
+        memset(&z.preact, 0, sizeof z.preact);
+        GA_TRY_STATUS(ga_cuda_matmul_unfused(device, &z, 0, stream));
+        return ga_cuda_matmul_activation(device, &z.d, &d.d, d.batch, d.activation, stream);
     }
     if (op == "conv_fwd") {
         ga_conv_desc d;
