@@ -276,7 +276,7 @@ def test_torch_datasets_are_refused_with_what_to_give_instead(rng):
 
     x, y = dataset(rng, 20)
 
-    class Touchy(data.Dataset):  # PinnedLoader must not index it (nor a DataLoader start workers over it)
+    class Touchy(data.Dataset):  # PinnedLoader must not index it
         def __len__(self):
             return 20
 
@@ -284,17 +284,24 @@ def test_torch_datasets_are_refused_with_what_to_give_instead(rng):
             raise AssertionError("indexed")
 
     tensors = data.TensorDataset(torch.from_numpy(x), torch.from_numpy(y))
-    for given, kind in ((tensors, "Dataset (TensorDataset)"), (Touchy(), "Dataset (Touchy)"),
-                        (data.DataLoader(Touchy(), batch_size=4, num_workers=2), "DataLoader (DataLoader)")):
+
+    class Stream(data.IterableDataset):
+        def __iter__(self):
+            raise AssertionError("iterated")
+
+    for given in (tensors, Touchy(), Stream()):
         with pytest.raises(TypeError) as info:
             ga.PinnedLoader(given, 4)
         message = str(info.value)
-        assert "arrays is a torch %s" % kind in message and "NumPy arrays, np.memmap or .npy paths" in message
+        assert "data is a torch Dataset (%s)" % type(given).__name__ in message, message
+        assert "PinnedLoader(DataLoader(dataset" in message and "NumPy arrays, np.memmap or .npy paths" in message
         assert ("dataset.tensors" in message) == (given is tensors)
     with pytest.raises(TypeError, match=r"arrays\[0\] .* got Tensor \(for a CPU torch tensor, pass t.numpy\(\)\)"):
         ga.PinnedLoader([torch.from_numpy(x), y], 4)
-    # what the message says works
+    # what the message says works: the tensors as arrays, and the Dataset's DataLoader
     xb, yb = next(iter(ga.PinnedLoader([t.numpy() for t in tensors.tensors], 4, device="cpu")))
+    assert torch.equal(xb, torch.from_numpy(x[:4])) and torch.equal(yb, torch.from_numpy(y[:4]))
+    xb, yb = next(iter(ga.PinnedLoader(data.DataLoader(tensors, batch_size=4), device="cpu")))
     assert torch.equal(xb, torch.from_numpy(x[:4])) and torch.equal(yb, torch.from_numpy(y[:4]))
 
 
