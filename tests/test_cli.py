@@ -97,16 +97,17 @@ def test_the_readme_doctor_sample_is_what_doctor_prints_for_its_machine():
     sample = readme.split("$ python -m gpuaccel doctor", 1)[1].split("```", 1)[0].splitlines()[1:]
     facts = consistent_gpu_machine()
     facts.update(driver_version=None, driver_cuda=None, gpus=[], cuda_available=False, torch_sees_gpu=False,
-                 tf32={"matmul": {"allowed": False, "source": "torch"}, "conv": {"allowed": True, "source": "torch"}})
+                 tf32={"matmul": {"allowed": False, "source": "torch"}, "conv": {"allowed": True, "source": "torch"}},
+                 jpeg="2.1.5", jpeg_build_note="", nvjpeg="13.3.2", nvjpeg_build_note="")
+    assert set(facts) >= set(doctor.collect())  # every fact doctor collects today, so that its line shows
     printed = doctor.report(facts, doctor.diagnose(facts)).splitlines()
 
     def label(line):
         return line.split()[0] if line.startswith("  ") and not line.startswith("   ") else line.strip()[:5]
 
     assert [label(line) for line in sample] == [label(line) for line in printed]
-    findings = [line for line in printed if line.startswith(("  warning", "           fix", "  verdict", "  TF32"))]
-    assert findings == [line for line in sample if line.startswith(("  warning", "           fix", "  verdict",
-                                                                    "  TF32"))]
+    exact = ("  warning", "           fix", "  verdict", "  TF32", "  JPEG")
+    assert [line for line in printed if line.startswith(exact)] == [line for line in sample if line.startswith(exact)]
     with open(os.path.join(ROOT, "setup.py"), encoding="utf-8") as f:
         archs = re.search(r'DEFAULT_ARCHS = "([\d;]+)"', f.read()).group(1).split(";")
     assert "kernels for %s" % ", ".join("sm_" + a for a in archs) in "\n".join(sample)

@@ -18,11 +18,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as _f:
     README = _f.read()
 
-# What a block may print to stderr: progress bars (LossLogger's tqdm), and
-# the lines torch's CUDA build prints from its profiler library (kineto) on a
-# machine without a GPU, which the README explains under the profiler block.
+# What a block may print to stderr: progress bars (LossLogger's tqdm), the
+# lines torch's CUDA build prints from its profiler library (kineto) on a
+# machine without a GPU, which the README explains under the profiler block,
+# and the one warning of a process's first activation="gelu", which the README
+# explains where it lists the activations.
 PROGRESS = re.compile(r"\d+it/s|\?it/s|\d+/\d+ \[")
-EXPLAINED = ("gpuGetDeviceCount failed with code 35", "profiler_start", "profiler_stop")
+EXPLAINED = ("gpuGetDeviceCount failed with code 35", "profiler_start", "profiler_stop", "GeluChangedWarning")
 
 
 def python_blocks():
