@@ -740,7 +740,7 @@ ga_status ga_block_host_wait(ga_block *b)
 ga_status ga_block_wait_all(ga_block *b, int device, ga_stream stream)
 {
     ga_status status = ga_ok();
-    if (!b || b->kind != GA_MEM_DEVICE || !b->ptr)
+    if (!b || b->kind != GA_MEM_DEVICE || !b->ptr || captured(stream, &status))
         return status;
     alloc_lock_acquire();
     status = wait_until_valid(b, device, stream);

@@ -92,7 +92,8 @@ int ga_block_record_use(ga_state *st, ga_block *block, int device, ga_stream str
 
 /* Makes `stream` (of CUDA device `device`) wait, on the GPU, for all work
  * known to use the block: its allocation stream and every recorded use.
- * Used when memory is handed to a consumer that will read it on `stream`. */
+ * Used when memory is handed to a consumer that will read it on `stream`.
+ * Nothing while `stream` is captured (see ga_block_prepare_use). */
 ga_status ga_block_wait_all(ga_block *block, int device, ga_stream stream);
 
 /* Before the host writes a pinned block (or hands it to a host consumer

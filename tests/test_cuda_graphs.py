@@ -23,6 +23,7 @@ sim_only = pytest.mark.skipif(not simulated(), reason="needs a simulator build (
 
 PRELUDE = """
 import os
+import numpy as np
 import gpuaccel as ga
 
 rng = np.random.default_rng(%d)
@@ -311,7 +312,7 @@ def test_the_legacy_stream_is_refused_while_a_blocking_stream_is_captured(rng):
         g = ga.Graph()
         g.capture_begin(per_thread)
         try:
-            ga.zeros((8,), device="cuda")   # queued on the legacy default stream
+            ga.Event().record(legacy)   # queued on the legacy default stream
         except ga.CudaError as e:
             print("refused", e.name)
         try:

@@ -912,8 +912,18 @@ ga_status ga_cuda_stream_capturing(ga_stream stream, int *capturing)
         if (!s)
             status = SIM_STATUS("not a stream handle");
     }
+    /* the legacy default stream takes part in a blocking stream's capture:
+     * cudaStreamIsCapturing refuses to answer for it then */
+    for (int k = 0; s && s->kind == SIM_LEGACY && k < n_streams && !status.error; k++)
+        if (streams[k]->capture && streams[k]->device == s->device &&
+            streams[k]->kind == SIM_PER_THREAD) {
+            snprintf(capture_text, sizeof capture_text,
+                     "simulated CUDA: the legacy default stream was asked about while a blocking "
+                     "stream of its device (a per-thread default stream) is captured");
+            status = capture_status(906, "cudaErrorStreamCaptureImplicit", "cudaStreamIsCapturing");
+        }
     /* as cudaStreamIsCapturing's cudaStreamCaptureStatusActive */
-    if (s)
+    if (s && !status.error)
         *capturing = s->capture && !s->capture->invalidated;
     pthread_mutex_unlock(&sim_lock);
     return status;
