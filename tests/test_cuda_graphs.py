@@ -22,6 +22,7 @@ pytestmark = pytest.mark.cuda
 sim_only = pytest.mark.skipif(not simulated(), reason="needs a simulator build (GPUACCEL_SIM=1)")
 
 PRELUDE = """
+import math
 import os
 import numpy as np
 import gpuaccel as ga
@@ -29,12 +30,13 @@ import gpuaccel as ga
 rng = np.random.default_rng(%d)
 legacy = ga.Stream.from_handle(1)
 
-def gelu(v):
-    return 0.5 * v * (1 + np.tanh(np.sqrt(2 / np.pi) * (v + 0.044715 * v ** 3)))
+erf = np.vectorize(math.erf)
+
+def gelu(v):  # nn.GELU()'s exact form, gpuaccel's "gelu_erf"
+    return 0.5 * v * (1 + erf(v / np.sqrt(2)))
 
 def dgelu(v):
-    t = np.tanh(np.sqrt(2 / np.pi) * (v + 0.044715 * v ** 3))
-    return 0.5 * (1 + t) + 0.5 * v * (1 - t * t) * np.sqrt(2 / np.pi) * (1 + 3 * 0.044715 * v * v)
+    return 0.5 * (1 + erf(v / np.sqrt(2))) + v * np.exp(-0.5 * v * v) / np.sqrt(2 * np.pi)
 
 def conv_ref(x, w, b):
     n, c, h, wd = x.shape
@@ -77,14 +79,14 @@ def test_torchs_recipe_on_gpuaccel_streams_survives_a_workspace_that_grows(rng):
         A.wait_stream(legacy)
         with A:
             for _ in range(3):
-                ga.linear(x, w, b, activation="gelu", out=y)
+                ga.linear(x, w, b, activation="gelu_erf", out=y)
         before = ga.memory_stats("cuda")["workspace_bytes"]
         B.wait_stream(A)
         legacy.wait_stream(A)
         g = ga.Graph()
         g.capture_begin(B)
         with B:
-            ga.linear(x, w, b, activation="gelu", out=y)
+            ga.linear(x, w, b, activation="gelu_erf", out=y)
         g.capture_end()
         for step in range(2):
             xs = values(37, 19)
@@ -143,10 +145,10 @@ def test_make_graphed_callables_order_forward_then_backward_graphs(rng):
         gx, gw, gb = ga.empty((N, K), device="cuda"), ga.empty((M, K), device="cuda"), ga.empty((M,), device="cuda")
 
         def forward():
-            ga.linear(x, w, b, activation="gelu", out=y, save_preactivation=True, preactivation_out=z)
+            ga.linear(x, w, b, activation="gelu_erf", out=y, save_preactivation=True, preactivation_out=z)
 
         def backward():
-            ga.linear_backward(gy, x, w, activation="gelu", preactivation=z, out=(gx, gw, gb))
+            ga.linear_backward(gy, x, w, activation="gelu_erf", preactivation=z, out=(gx, gw, gb))
 
         side, capture = ga.Stream(), ga.Stream()
         side.wait_stream(legacy)
