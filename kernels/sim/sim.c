@@ -119,6 +119,7 @@ typedef struct region {
      * stays the graph's; freed means not allocated now), until the graph
      * is destroyed */
     sim_graph *graph;
+    int pooled;    /* allocated from the device's pool (not a graph's) */
     int node_refs; /* graph nodes that name it: kept while they exist */
     struct region *next;
 } region;
@@ -214,7 +215,13 @@ static sim_stream *streams[SIM_MAX_STREAMS];
 static int n_streams;
 static sim_stream *legacy[SIM_MAX_DEVICES];
 static region *regions;
-static uint64_t device_bytes[SIM_MAX_DEVICES], device_peak[SIM_MAX_DEVICES];
+static uint64_t device_bytes[SIM_MAX_DEVICES];
+/* The device's memory pool as CUDA keeps it: what its live allocations use,
+ * what it holds reserved (freed memory stays, for reuse, until a
+ * synchronization releases what is above the release threshold, or a
+ * trim), and that threshold (0 for a new pool, as in CUDA). */
+static uint64_t pool_used[SIM_MAX_DEVICES], pool_reserved[SIM_MAX_DEVICES];
+static uint64_t pool_peak[SIM_MAX_DEVICES], pool_threshold[SIM_MAX_DEVICES];
 static __thread sim_stream *per_thread[SIM_MAX_DEVICES];
 /* What the host has seen finish.  One for the process, not per thread:
  * host threads order their work with mutexes the simulator cannot see (a
@@ -652,6 +659,17 @@ static void graph_free(sim_graph *g)
     drop_old_freed();
 }
 
+/* A synchronization with work of `device` (cudaStreamSynchronize,
+ * cudaEventSynchronize, cudaDeviceSynchronize): its pool gives back to the
+ * device the freed memory above its release threshold.  Called locked. */
+static void pool_release(int device)
+{
+    if (device < 0 || device >= SIM_MAX_DEVICES || pool_reserved[device] <= pool_threshold[device])
+        return;
+    pool_reserved[device] =
+        pool_used[device] > pool_threshold[device] ? pool_used[device] : pool_threshold[device];
+}
+
 /* ------------------------------------------------------ device queries */
 
 ga_status ga_cuda_device_count(int *count)
@@ -699,7 +717,8 @@ ga_status ga_cuda_mem_info(int device, uint64_t *free_bytes, uint64_t *total_byt
         return SIM_STATUS("device ordinal out of range");
     pthread_mutex_lock(&sim_lock);
     *total_bytes = SIM_MEMORY;
-    *free_bytes = SIM_MEMORY - device_bytes[device];
+    uint64_t held = device_bytes[device] + (pool_reserved[device] - pool_used[device]);
+    *free_bytes = held < SIM_MEMORY ? SIM_MEMORY - held : 0;
     pthread_mutex_unlock(&sim_lock);
     return ga_ok();
 }
@@ -722,6 +741,8 @@ ga_status ga_cuda_device_synchronize(int device)
     for (int k = 0; k < n_streams && !status.error; k++)
         if (streams[k]->device == device)
             join(&host_seen, &streams[k]->vc);
+    if (!status.error)
+        pool_release(device);
     pthread_mutex_unlock(&sim_lock);
     return status;
 }
@@ -784,6 +805,8 @@ static ga_status stream_wait_host(int device, ga_stream stream, const char *call
         status = may_synchronize(call);
     if (!status.error)
         join(&host_seen, &s->vc);
+    if (!status.error && strcmp(call, "cudaStreamSynchronize") == 0)
+        pool_release(s->device);
     pthread_mutex_unlock(&sim_lock);
     return status;
 }
@@ -1047,8 +1070,6 @@ static ga_status replay(sim_graph *g, sim_stream *s, ga_stream handle)
             memset(&r->last_write, 0, sizeof r->last_write);
             memset(&r->reads, 0, sizeof r->reads);
             device_bytes[r->device] += r->size;
-            if (device_bytes[r->device] > device_peak[r->device])
-                device_peak[r->device] = device_bytes[r->device];
             break;
         case NODE_FREE:
             status = check_region(r, &v, 1, s);
@@ -1186,7 +1207,10 @@ ga_status ga_cuda_event_synchronize(int device, ga_event event)
 {
     (void)device;
     pthread_mutex_lock(&sim_lock);
-    ga_status status = event_wait_host((sim_event *)event, "cudaEventSynchronize");
+    sim_event *e = (sim_event *)event;
+    ga_status status = event_wait_host(e, "cudaEventSynchronize");
+    if (!status.error && e->recorded)
+        pool_release(e->device);
     pthread_mutex_unlock(&sim_lock);
     return status;
 }
@@ -1267,9 +1291,13 @@ ga_status ga_cuda_malloc_async(int device, size_t size, ga_stream stream, void *
         }
     } else {
         r->alloc = queue_op(s);
+        r->pooled = 1;
         device_bytes[device] += size;
-        if (device_bytes[device] > device_peak[device])
-            device_peak[device] = device_bytes[device];
+        pool_used[device] += size;
+        if (pool_used[device] > pool_reserved[device])
+            pool_reserved[device] = pool_used[device];
+        if (pool_reserved[device] > pool_peak[device])
+            pool_peak[device] = pool_reserved[device];
     }
     r->next = regions;
     regions = r;
@@ -1340,6 +1368,8 @@ ga_status ga_cuda_free_async(int device, void *ptr, ga_stream stream)
         if (!status.error) {
             r->freed = 1;
             device_bytes[device] -= r->size;
+            if (r->pooled)
+                pool_used[device] -= r->size; /* still reserved */
             drop_old_freed();
         }
     }
@@ -1349,21 +1379,29 @@ ga_status ga_cuda_free_async(int device, void *ptr, ga_stream stream)
 
 ga_status ga_cuda_pool_set_release_threshold(int device, uint64_t bytes)
 {
-    (void)device, (void)bytes;
+    if (device < 0 || device >= device_count())
+        return SIM_STATUS("device ordinal out of range");
+    pthread_mutex_lock(&sim_lock);
+    pool_threshold[device] = bytes;
+    pthread_mutex_unlock(&sim_lock);
     return ga_ok();
 }
 
 ga_status ga_cuda_pool_trim(int device)
 {
-    (void)device;
+    if (device < 0 || device >= device_count())
+        return SIM_STATUS("device ordinal out of range");
+    pthread_mutex_lock(&sim_lock);
+    pool_reserved[device] = pool_used[device];
+    pthread_mutex_unlock(&sim_lock);
     return ga_ok();
 }
 
 ga_status ga_cuda_pool_reserved(int device, uint64_t *current, uint64_t *peak)
 {
     pthread_mutex_lock(&sim_lock);
-    *current = device >= 0 && device < SIM_MAX_DEVICES ? device_bytes[device] : 0;
-    *peak = device >= 0 && device < SIM_MAX_DEVICES ? device_peak[device] : 0;
+    *current = device >= 0 && device < SIM_MAX_DEVICES ? pool_reserved[device] : 0;
+    *peak = device >= 0 && device < SIM_MAX_DEVICES ? pool_peak[device] : 0;
     pthread_mutex_unlock(&sim_lock);
     return ga_ok();
 }
