@@ -8,6 +8,7 @@ import pytest
 import gpuaccel as ga
 
 from helpers import FLOAT_DTYPES, LONG_SLEEP_CYCLES, UNIT_ROUNDOFF, assert_within
+from ops import ACTIVATION_NAMES, ACTIVATIONS, OPS, f64
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -44,10 +45,6 @@ def close(got, ref, dtype, k, flip=0.0, before=None):
         assert_within(g, r, *TOL[dtype], k)
 
 
-def f64(a):
-    return np.asarray(a.to("cpu").astype("float64").numpy())
-
-
 def biggest(a):
     v = f64(a)
     return float(np.abs(v).max()) if v.size else 0.0
@@ -72,7 +69,7 @@ def highest_precision():
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("m,k,n", [(1, 1, 1), (7, 5, 3), (129, 33, 65), (257, 1000, 17), (3, 0, 4), (0, 5, 6)])
-@pytest.mark.parametrize("activation", [None, "relu", "gelu"])
+@pytest.mark.parametrize("activation", ACTIVATION_NAMES)
 def test_matmul_matches_cpu(rng, dtype, m, k, n, activation):
     a, ag = pair(rng, (m, k), dtype)
     b, bg = pair(rng, (k, n), dtype)
@@ -108,7 +105,7 @@ def test_misaligned_bias_falls_back_and_is_counted(rng):
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("activation", [None, "relu", "gelu"])
+@pytest.mark.parametrize("activation", ACTIVATION_NAMES)
 @pytest.mark.parametrize("shape", [(5, 33), (2, 3, 129), (6, 0)])  # in_features 0: grad_bias still sums
 def test_linear_forward_and_backward_match_cpu(rng, dtype, activation, shape):
     out_features = 47
@@ -125,7 +122,8 @@ def test_linear_forward_and_backward_match_cpu(rng, dtype, activation, shape):
     ref = ga.linear_backward(gy, x, w, activation=activation, preactivation=aux_same)
     got = ga.linear_backward(gyg, xg, wg, activation=activation, preactivation=auxg_same)
     rows = int(np.prod(shape[:-1]))
-    flip = 1.2 * biggest(gy) * max(biggest(x), biggest(w)) if activation == "gelu" else 0.0  # gelu' < 1.2
+    act = ACTIVATIONS[activation]
+    flip = act.math.max_slope * biggest(gy) * max(biggest(x), biggest(w)) if not act.exact_gradient else 0.0
     for g, r, k in zip(got, ref, (out_features, rows, rows)):
         close(g, r, dtype, k, flip)
 
@@ -142,7 +140,7 @@ def test_deterministic_mode_gives_identical_bits(rng):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-@pytest.mark.parametrize("activation", [None, "relu", "gelu"])
+@pytest.mark.parametrize("activation", ACTIVATION_NAMES)
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("geometry", [
     # n, c, h, w, k, r, s, stride, padding, dilation, groups
@@ -164,17 +162,54 @@ def test_conv2d_matches_cpu(rng, dtype, activation, layout, geometry):
     red = c // groups * r * s
     close(yg, y, dtype, red, before=f64(ga.conv2d(x.astype("float64"), wt.astype("float64"), **geo)))
     gy, gyg = pair(rng, y.shape, dtype)
-    kw = {}
-    if activation == "gelu":
-        kw = dict(preactivation=(aux, aux.to("cuda")))
-    elif activation == "relu":
-        kw = dict(y=(y, y.to("cuda")))
+    act = ACTIVATIONS[activation]
+    kw = {k_: (v, v.to("cuda")) for k_, v in act.backward_kwargs(y, aux, prefer_y=True).items()}
     ref = ga.conv2d_backward(gy, x, wt, activation=activation, **{k_: v[0] for k_, v in kw.items()}, **geo)
     got = ga.conv2d_backward(gyg, xg, wtg, activation=activation, **{k_: v[1] for k_, v in kw.items()}, **geo)
     pixels = n * y.size // (n * k)
-    flip = 1.2 * biggest(gy) * max(biggest(x), biggest(wt)) if activation == "gelu" else 0.0  # gelu' < 1.2
+    flip = act.math.max_slope * biggest(gy) * max(biggest(x), biggest(wt)) if not act.exact_gradient else 0.0
     for g, rr, kk in zip(got, ref, (k * r * s, pixels, pixels)):
         close(g, rr, dtype, kk, flip)
+
+
+# ------------------------------------------------------- every registry op
+
+def _same_on_the_cpu(op, sample, got, want):
+    """got (the device's outputs) against want (the CPU's) as op.device_check
+    says: the same bits, sums in another order (close), or each within the
+    op's tolerance of the float64 reference."""
+    if op.device_check == "reference":
+        op.check(sample, got)
+        return
+    expected = op.reference(sample)
+    for g, w, e in zip(got, want, expected):
+        assert (g is None) == (w is None), sample
+        if w is None:
+            continue
+        if op.device_check == "bits":
+            assert g.numpy().tobytes() == w.numpy().tobytes(), sample
+        else:
+            close(g, w, w.dtype, e.reduction, e.flip, before=e.before)
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_every_registry_sample_matches_cpu(rng, name):
+    """Each sample of each op in tests/ops.py that can move to the device
+    (gpuaccel Arrays, or host data the op moves itself), in each dtype."""
+    op = OPS[name]
+    ran = 0
+    for dtype in op.dtypes:
+        for sample in op.samples(rng, dtype):
+            on_device = sample.to("cuda")
+            if on_device is None:
+                continue
+            got, want = op.run(on_device), op.run(sample)
+            if op.device_check != "reference":  # (the logger's outputs are host summaries)
+                for g in got:
+                    assert g is None or g.device.type == "cuda", (sample, g)
+            _same_on_the_cpu(op, on_device, got, want)
+            ran += 1
+    assert ran, "no sample of %s could move to the device" % name
 
 
 # ------------------------------------------------------------------ torch
@@ -192,7 +227,7 @@ def test_fused_linear_on_cuda_matches_torch_and_uses_torchs_stream():
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
         y = layer(x)
-        yr = F.gelu(ref(xr), approximate="tanh")
+        yr = ACTIVATIONS["gelu"].torch(ref(xr))
         (y.square().sum()).backward()
         (yr.square().sum()).backward()
     torch.cuda.synchronize()

@@ -5,13 +5,13 @@ against the others and against torch's own layers, on the CPU."""
 
 import pytest
 
-from helpers import torch_activation
+from ops import ACTIVATION_NAMES, torch_act
 
 torch = pytest.importorskip("torch")
 gt = pytest.importorskip("gpuaccel.torch")
 F = torch.nn.functional
 
-ACTIVATIONS = [None, "relu", "gelu"]
+ACTIVATIONS = ACTIVATION_NAMES
 
 
 @pytest.fixture
@@ -83,7 +83,7 @@ def test_both_sides_of_the_cpu_dispatch_match_torch(activation, size, monkeypatc
     xf, wf, bf = leaves(x, w, b)
     xr, wr, br = leaves(x, w, b)
     y = gt.fused_linear(xf, wf, bf, activation)
-    ref = torch_activation(F.linear(xr, wr, br), activation)
+    ref = torch_act(F.linear(xr, wr, br), activation)
     torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
     for got, want in zip(grads(y, (xf, wf, bf)), grads(ref, (xr, wr, br))):
         torch.testing.assert_close(got, want, rtol=1e-11, atol=1e-11)
@@ -95,7 +95,7 @@ def test_both_sides_of_the_cpu_dispatch_match_torch(activation, size, monkeypatc
     xf, wf, bf = leaves(xc, wc, bc)
     xr, wr, br = leaves(xc, wc, bc)
     y = gt.fused_conv2d(xf, wf, bf, stride=2, padding=1, activation=activation)
-    ref = torch_activation(F.conv2d(xr, wr, br, stride=2, padding=1), activation)
+    ref = torch_act(F.conv2d(xr, wr, br, stride=2, padding=1), activation)
     torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12)
     for got, want in zip(grads(y, (xf, wf, bf)), grads(ref, (xr, wr, br))):
         torch.testing.assert_close(got, want, rtol=1e-11, atol=1e-11)
