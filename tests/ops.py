@@ -918,16 +918,20 @@ def samples_of(op, rng, dtypes=None):
     return [(dtype, s) for dtype in (dtypes or op.dtypes) for s in op.samples(rng, dtype)]
 
 
-def op_calls(rng, dtypes=("float32", "float16")):
-    """[(id, op, sample)]: every op's samples, in the first of `dtypes`
-    it takes, and those samples of the others that only they have (the
-    float16 -> float32 matmul): the list the fault and leak tests run."""
+def op_calls(rng, dtypes=("float32",), extra_dtypes=("float16",)):
+    """[(id, op, sample)]: every op's samples in each of `dtypes` it takes,
+    and the samples only `extra_dtypes` have (the float16 -> float32
+    matmul): the lists the fault and leak tests run."""
     calls = []
     for op in OPS.values():
-        seen = set()
+        names = set()
         for dtype in [d for d in dtypes if d in op.dtypes]:
             for s in op.samples(rng, dtype):
-                if s.name not in seen:
-                    seen.add(s.name)
+                names.add(s.name)
+                calls.append(("%s-%s-%s" % (op.name, s.name, dtype), op, s))
+        for dtype in [d for d in extra_dtypes if d in op.dtypes]:
+            for s in op.samples(rng, dtype):
+                if s.name not in names:
+                    names.add(s.name)
                     calls.append(("%s-%s-%s" % (op.name, s.name, dtype), op, s))
     return calls

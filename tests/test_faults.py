@@ -143,8 +143,10 @@ def _array_cases():
     }
 
 
-# every sample of every op in the registry (tests/ops.py), and the array functions
-OP_CALLS = {"op-" + name: (op, sample) for name, op, sample in op_calls(np.random.default_rng(11))}
+# every sample of every op in the registry (tests/ops.py), in float64 and
+# float32 (results of two sizes in the pool), and the array functions
+OP_CALLS = {"op-" + name: (op, sample)
+            for name, op, sample in op_calls(np.random.default_rng(11), dtypes=("float64", "float32"))}
 OOM_CASES = list(OP_CALLS) + list(_array_cases())
 FAULTS = {}
 
