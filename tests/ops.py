@@ -61,7 +61,8 @@ def _gelu_tanh_grad(z):
 
 class ActivationMath:
     """One activation function: `forward` and `derivative` on float64 NumPy
-    arrays, `torch_name` the torch form (a differentiable callable of a
+    arrays (at a kink, the derivative is torch's one-sided choice, as
+    autograd computes it), the torch form (a differentiable callable of a
     tensor), `max_slope` an upper bound of |derivative| (tolerances that
     scale with it), `kinks` the points where the derivative jumps (gradient
     checks keep away from them)."""
@@ -89,7 +90,7 @@ ACTIVATION_MATH = {
     "silu": ActivationMath(lambda z: z * _sigmoid(z), lambda z: _sigmoid(z) * (1 + z * (1 - _sigmoid(z))),
                            lambda torch, z: torch.nn.functional.silu(z), 1.1),
     "hardswish": ActivationMath(lambda z: z * np.clip(z + 3, 0, 6) / 6,
-                                lambda z: np.where(z < -3, 0.0, np.where(z > 3, 1.0, (2 * z + 3) / 6)),
+                                lambda z: np.where(z <= -3, 0.0, np.where(z < 3, z / 3 + 0.5, 1.0)),
                                 lambda torch, z: torch.nn.functional.hardswish(z), 1.5, kinks=(-3.0, 3.0)),
 }
 
@@ -193,11 +194,21 @@ def invalid_activations(embedded_nul=True):
 
 
 def kernel_enums():
-    """GA_ACT_* name -> value, as kernels/*.h define them."""
+    """GA_ACT_* name -> value, as kernels/*.h define the ga_activation
+    enumerators (implicit values counted on; a trailing *_COUNT is a count,
+    not an activation)."""
     found = {}
     for path in sorted(glob.glob(os.path.join(ROOT, "kernels", "**", "*.h"), recursive=True)):
         with open(path) as f:
-            found.update((m.group(1), int(m.group(2))) for m in re.finditer(r"\b(GA_ACT_\w+)\s*=\s*(\d+)", f.read()))
+            text = re.sub(r"/\*.*?\*/|//[^\n]*", "", f.read(), flags=re.S)
+        for body in re.findall(r"typedef\s+enum\s*\w*\s*\{([^}]*\bGA_ACT_\w+[^}]*)\}\s*ga_activation\s*;", text):
+            value = -1
+            for item in filter(None, (i.strip() for i in body.split(","))):
+                m = re.fullmatch(r"(GA_ACT_\w+)\s*(?:=\s*(\d+))?", item)
+                assert m, "kernels' ga_activation has an enumerator this parser does not read: %r" % item
+                value = int(m.group(2)) if m.group(2) else value + 1
+                if not m.group(1).endswith("_COUNT"):
+                    found[m.group(1)] = value
     return found
 
 

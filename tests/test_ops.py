@@ -52,9 +52,12 @@ def test_activation_math_matches_torch(math_name):
     np.testing.assert_allclose(act.forward(z), y.detach().numpy(), rtol=1e-14, atol=1e-15)
     np.testing.assert_allclose(act.derivative(z), grad.numpy(), rtol=1e-12, atol=1e-14)
     assert np.abs(act.derivative(z)).max() <= act.max_slope
-    for kink in act.kinks:
+    for kink in act.kinks:  # a jump there, and torch's value at the point itself
         left, right = act.derivative(np.array([kink - 1e-9, kink + 1e-9]))
         assert left != right, "%s: no kink at %g" % (math_name, kink)
+        t = torch.tensor([kink], dtype=torch.float64, requires_grad=True)
+        (at,) = torch.autograd.grad(act.torch(t).sum(), t)
+        assert act.derivative(np.array([kink]))[0] == at.item(), (math_name, kink, at.item())
 
 
 @pytest.mark.parametrize("name", list(ACTIVATIONS), ids=[a.label for a in ACTIVATIONS.values()])
