@@ -12,7 +12,7 @@ Environment:
   GPUACCEL_NO_CUDA=1   build without CUDA
   GPUACCEL_SANITIZE=1  build the C code with AddressSanitizer + UBSan
   GPUACCEL_SIM=1       test build: no CUDA, a simulated runtime that checks
-                       stream ordering instead (kernels/sim.c), whose kernels
+                       stream ordering instead (kernels/sim), whose kernels
                        are kernels/cuda's own, compiled by the host C++
                        compiler (CXX, else g++) through kernels/cudacpu; it
                        needs the CUDA toolkit's headers (CUDA_HOME), not nvcc
@@ -41,12 +41,12 @@ def _rel(*parts):
 
 
 C_SOURCES = sorted(
-    glob.glob(_rel("csrc", "*.c")) + [_rel("kernels", "layout.c")] + glob.glob(_rel("kernels", "cpu", "*.c"))
+    glob.glob(_rel("csrc", "*.c")) + glob.glob(_rel("kernels", "*.c")) + glob.glob(_rel("kernels", "cpu", "*.c"))
 )
 CU_SOURCES = sorted(glob.glob(_rel("kernels", "cuda", "*.cu")))
 # The simulator build runs the files of kernels/cuda that define kernels
 # on the CPU (kernels/cudacpu); the others call cuBLASLt, cuDNN or the
-# CUDA runtime, which kernels/sim.c stands in for.
+# CUDA runtime, which kernels/sim/sim.c stands in for.
 SIM_CU_SOURCES = [s for s in CU_SOURCES if "__global__" in open(os.path.join(ROOT, s)).read()]
 CUDACPU_SOURCES = [_rel("kernels", "cudacpu", "fiber.cpp"), _rel("kernels", "cudacpu", "cudart.cpp")]
 HEADERS = sorted(
@@ -106,7 +106,7 @@ def _cuda_headers():
 def _sim_cxx_jobs(cflags):
     """(source, command) for the simulator build's C++: kernels/cuda's
     files with kernels, through kernels/cudacpu with their entry points
-    renamed for kernels/sim.c (kernels/cudacpu/sim_names.h), and the
+    renamed for kernels/sim/sim.c (kernels/sim/kernel_names.h), and the
     layer itself."""
     cxx = os.environ.get("CXX") or shutil.which("g++")
     cuda_headers = _cuda_headers()
@@ -119,7 +119,7 @@ def _sim_cxx_jobs(cflags):
     flags = [f for f in cflags if f != "-std=c11"] + [
         "-std=c++17", "-fPIC", "-Wno-unknown-pragmas", "-I" + ROOT, "-I" + cuda_headers]
     through_layer = ["-include", os.path.join(ROOT, "kernels", "cudacpu", "cudacpu.h"),
-                     "-include", os.path.join(ROOT, "kernels", "cudacpu", "sim_names.h"), "-x", "c++"]
+                     "-include", os.path.join(ROOT, "kernels", "sim", "kernel_names.h"), "-x", "c++"]
     return [(src, [cxx] + flags + through_layer) for src in SIM_CU_SOURCES] + [
         (src, [cxx] + flags) for src in CUDACPU_SOURCES]
 
@@ -250,7 +250,7 @@ class BuildExt(build_ext):
         sim = not cuda.enabled and os.environ.get("GPUACCEL_SIM") == "1"
         c_sources = list(ext.sources)
         if not cuda.enabled:  # the ga_cuda_* entry points: simulated, or "built without CUDA"
-            c_sources.append(_rel("kernels", "sim.c" if sim else "nocuda.c"))
+            c_sources.append(_rel("kernels", "sim", "sim.c") if sim else _rel("kernels", "nocuda", "nocuda.c"))
         include_dirs = [ROOT, numpy.get_include()] + list(ext.include_dirs)
         cflags = ["-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers",
                   "-fvisibility=hidden", "-pthread"]
@@ -268,7 +268,7 @@ class BuildExt(build_ext):
         os.makedirs(build_temp, exist_ok=True)
         depends = [os.path.join(ROOT, h) for h in HEADERS]
 
-        # kernels/sim.c opens real NVTX ranges: the CUDA toolkit's header-only library
+        # kernels/sim/sim.c opens real NVTX ranges: the CUDA toolkit's header-only library
         # (without them, _sim_cxx_jobs below says what is missing)
         sim_c_include_dirs = [d for d in [_cuda_headers()] if d] if sim else []
 

@@ -12,7 +12,7 @@
  * once they have completed.
  */
 #include "alloc.h"
-#include "device.h"
+#include "stream.h"
 
 #include <pthread.h>
 #include <stdio.h>

@@ -15,7 +15,8 @@
 #ifndef GPUACCEL_ALLOC_H
 #define GPUACCEL_ALLOC_H
 
-#include "module.h"
+#include "args.h"
+#include "errors.h"
 
 typedef enum { GA_MEM_HOST = 0, GA_MEM_PINNED = 1, GA_MEM_DEVICE = 2 } ga_mem_kind;
 

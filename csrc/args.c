@@ -5,7 +5,8 @@
  * the hot paths (DLPack exchange, asarray, the ops) parse the vectorcall
  * arguments directly instead.
  */
-#include "module.h"
+#include "args.h"
+#include "errors.h"
 
 #include <string.h>
 

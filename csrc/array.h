@@ -7,9 +7,10 @@
 #define GPUACCEL_ARRAY_H
 
 #include "alloc.h"
-#include "device.h"
+#include "stream.h"
 #include "dtype.h"
-#include "module.h"
+#include "args.h"
+#include "errors.h"
 
 enum {
     GA_ARRAY_PINNED = 1 << 0,   /* host memory that is page-locked */

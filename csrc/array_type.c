@@ -829,24 +829,31 @@ static PyGetSetDef Array_getset[] = {
 
 static PyMethodDef Array_methods[] = {
     {"numpy", KW Array_numpy, METH_VARARGS | METH_KEYWORDS,
-     "numpy(*, stream=None) -> numpy.ndarray\n\nHost arrays: a zero-copy view.  CUDA arrays: "
-     "a copy, made after the work queued on `stream`."},
+     "numpy($self, /, *, stream=None)\n--\n\nReturns numpy.ndarray.  Host arrays: a zero-copy "
+     "view.  CUDA arrays: a copy, made after the work queued on `stream`."},
     {"to", KW Array_to, METH_VARARGS | METH_KEYWORDS,
-     "to(device, *, stream=None, copy=False) -> Array\n\nThe array on another device (self "
-     "when already there and copy is False)."},
+     "to($self, device, /, *, stream=None, copy=False)\n--\n\nReturns Array.  The array on "
+     "another device (self when already there and copy is False)."},
     {"astype", KW Array_astype, METH_VARARGS | METH_KEYWORDS,
-     "astype(dtype, *, copy=True) -> Array"},
+     "astype($self, dtype, /, *, copy=True)\n--\n\nReturns Array."},
     {"reshape", KW Array_reshape, METH_VARARGS | METH_KEYWORDS,
-     "reshape(*shape) -> Array\n\nA view when the layout allows, else a copy; one dimension "
-     "may be -1."},
-    {"copy", (PyCFunction)Array_copy, METH_NOARGS, "A C-contiguous copy on the same device."},
+     "reshape($self, /, *shape)\n--\n\nReturns Array.  A view when the layout allows, else a "
+     "copy; one dimension may be -1."},
+    {"copy", (PyCFunction)Array_copy, METH_NOARGS,
+     "copy($self, /)\n--\n\nA C-contiguous copy on the same device."},
     {"item", (PyCFunction)Array_item, METH_NOARGS,
-     "The single element as a Python number (waits for the GPU)."},
-    {"tolist", (PyCFunction)Array_tolist, METH_NOARGS, "Nested lists of Python numbers."},
+     "item($self, /)\n--\n\nThe single element as a Python number (waits for the GPU)."},
+    {"tolist", (PyCFunction)Array_tolist, METH_NOARGS,
+     "tolist($self, /)\n--\n\nNested lists of Python numbers."},
     {"__dlpack__", KW ga_array_dlpack, METH_FASTCALL | METH_KEYWORDS,
-     "__dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None)"},
-    {"__dlpack_device__", (PyCFunction)ga_array_dlpack_device, METH_NOARGS, NULL},
-    {"__array__", KW Array_array, METH_VARARGS | METH_KEYWORDS, NULL},
+     "__dlpack__($self, /, *, stream=None, max_version=None, dl_device=None, copy=None)\n--\n\n"
+     "A DLPack capsule of the array (DLPack 1.x: versioned when max_version asks for it); "
+     "`stream` is the consumer's, which waits for gpuaccel's on the GPU."},
+    {"__dlpack_device__", (PyCFunction)ga_array_dlpack_device, METH_NOARGS,
+     "__dlpack_device__($self, /)\n--\n\n(device type, device index) as DLPack codes."},
+    {"__array__", KW Array_array, METH_VARARGS | METH_KEYWORDS,
+     "__array__($self, /, dtype=None, copy=None)\n--\n\nNumPy's array protocol: a view of a host "
+     "array, a copy of a CUDA one."},
     {NULL, NULL, 0, NULL},
 };
 

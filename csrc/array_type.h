@@ -5,7 +5,8 @@
 #ifndef GPUACCEL_ARRAY_TYPE_H
 #define GPUACCEL_ARRAY_TYPE_H
 
-#include "module.h"
+#include "args.h"
+#include "errors.h"
 
 extern PyType_Spec ga_array_spec;
 

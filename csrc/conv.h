@@ -4,7 +4,8 @@
 #ifndef GPUACCEL_CONV_H
 #define GPUACCEL_CONV_H
 
-#include "module.h"
+#include "args.h"
+#include "errors.h"
 
 PyObject *ga_py_conv2d(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kw);
 PyObject *ga_py_conv2d_backward(PyObject *module, PyObject *const *args, Py_ssize_t nargs,

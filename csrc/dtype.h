@@ -5,7 +5,8 @@
 #ifndef GPUACCEL_DTYPE_H
 #define GPUACCEL_DTYPE_H
 
-#include "module.h"
+#include "args.h"
+#include "errors.h"
 
 /* 1 when NumPy can hold bfloat16 here (ml_dtypes is installed). */
 int ga_numpy_has_bfloat16(ga_state *st);

@@ -2,7 +2,7 @@
  * errors.c — the one place where a backend status becomes a Python
  * exception.
  */
-#include "module.h"
+#include "errors.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -4,7 +4,8 @@
 #ifndef GPUACCEL_LOADER_H
 #define GPUACCEL_LOADER_H
 
-#include "module.h"
+#include "args.h"
+#include "errors.h"
 
 extern PyType_Spec ga_loader_iter_spec;
 

@@ -1021,10 +1021,10 @@ static void Logger_dealloc(LoggerObject *lg)
 
 static PyMethodDef Logger_methods[] = {
     {"log", (PyCFunction)(void (*)(void))Logger_log, METH_FASTCALL | METH_KEYWORDS,
-     "log(**metrics)\n\nRecords one step's values (0-d/one-element torch tensors or gpuaccel "
-     "Arrays, on a GPU or the CPU, or Python numbers).  Never waits for the GPU."},
+     "log($self, /, **metrics)\n--\n\nRecords one step's values (0-d/one-element torch tensors or"
+     " gpuaccel Arrays, on a GPU or the CPU, or Python numbers).  Never waits for the GPU."},
     {"poll", (PyCFunction)Logger_poll, METH_NOARGS,
-     "Delivers every window whose values have arrived; returns how many."},
+     "poll($self, /)\n--\n\nDelivers every window whose values have arrived; returns how many."},
     {"_flush_core", (PyCFunction)Logger_flush_core, METH_NOARGS, NULL},
     {"_close_core", (PyCFunction)Logger_close_core, METH_NOARGS, NULL},
     {"_set_error", (PyCFunction)Logger_set_error, METH_O, NULL},

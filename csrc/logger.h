@@ -4,7 +4,8 @@
 #ifndef GPUACCEL_LOGGER_H
 #define GPUACCEL_LOGGER_H
 
-#include "module.h"
+#include "args.h"
+#include "errors.h"
 
 extern PyType_Spec ga_logger_spec;
 

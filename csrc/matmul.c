@@ -3,13 +3,16 @@
  * (every error names the argument, what was given and what is accepted),
  * their operands described to the backend as GEMMs, and the GEMMs run on
  * kernels/cpu or kernels/cuda on the op's stream, with a workspace from
- * ops.c.
+ * workspace.c.
  */
 #include "matmul.h"
 
 #include <string.h>
 
-#include "ops.h"
+#include "fallback.h"
+#include "opcall.h"
+#include "settings.h"
+#include "workspace.h"
 #include "transfer.h"
 
 static ga_op_counters matmul_counts;
@@ -26,9 +29,9 @@ PyObject *ga_py_matmul_stats(PyObject *module, PyObject *unused)
  * statistics. */
 static int run_gemm(ga_state *st, const ga_op *op, ga_matmul_desc *desc)
 {
-    if ((desc->allow_tf32 = ga_op_allow_tf32(st, op, desc->a.dtype, GA_TF32_MATMUL)) < 0)
+    if ((desc->allow_tf32 = ga_allow_tf32(st, op->device, desc->a.dtype, GA_TF32_MATMUL)) < 0)
         return -1;
-    desc->deterministic = ga_op_deterministic();
+    desc->deterministic = ga_deterministic();
     ga_op_report report;
     memset(&report, 0, sizeof report);
     ga_status status;
@@ -39,7 +42,7 @@ static int run_gemm(ga_state *st, const ga_op *op, ga_matmul_desc *desc)
     } else {
         int device = op->device.index;
         size_t ws_size = ga_cuda_matmul_workspace_size(device);
-        void *ws = ga_op_workspace(st, device, op->stream, ws_size);
+        void *ws = ga_workspace(st, device, op->stream, ws_size);
         if (!ws && ws_size)
             return -1;
         status = ga_cuda_matmul(device, desc, ws, ws_size, op->stream, &report);
@@ -321,12 +324,12 @@ static int run_matmul(ga_state *st, const ga_op *op, const matmul_plan *p, Array
 static PyObject *matmul_entry(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
                               PyObject *kwnames)
 {
+    ga_state *st = ga_state_from_module(module);
     matmul_args arg;
     ga_activation act;
     if (ga_parse_args_into("matmul", args, nargs, kwnames, matmul_fields, 2, 2, &arg) < 0 ||
-        ga_op_activation(arg.activation, &act, "matmul") < 0)
+        ga_op_activation(st, arg.activation, &act, "matmul") < 0)
         return NULL;
-    ga_state *st = ga_state_from_module(module);
     ArrayObject *a, *b, *bias, *av = NULL, *bv = NULL, *d = NULL, *target = NULL;
     PyObject *result = NULL;
     const ga_operand operands[] = {
@@ -451,12 +454,12 @@ done:
 static PyObject *linear_entry(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
                               PyObject *kwnames)
 {
+    ga_state *st = ga_state_from_module(module);
     linear_args arg;
     ga_forward f;
     if (ga_parse_args_into("linear", args, nargs, kwnames, linear_fields, 4, 2, &arg) < 0 ||
-        ga_forward_parse(&f, "linear", arg.save_preactivation, arg.activation) < 0)
+        ga_forward_parse(st, &f, "linear", arg.save_preactivation, arg.activation) < 0)
         return NULL;
-    ga_state *st = ga_state_from_module(module);
     PyObject *result = NULL;
     const ga_op *op = &f.op;
     if (ga_forward_begin(st, &f, arg.x, arg.weight, arg.bias, arg.stream) < 0 ||
@@ -467,7 +470,7 @@ static PyObject *linear_entry(PyObject *module, PyObject *const *args, Py_ssize_
     shape[f.x->ndim - 1] = f.weight->shape[0];
     if (!(f.y = ga_op_result(st, op, arg.out, f.x->dtype, f.x->ndim, shape)))
         goto done;
-    if (f.save && f.act == GA_ACT_GELU &&
+    if (f.save && f.act != GA_ACT_NONE && !ga_activation_grad_reads_output(f.act) &&
         !(f.z = ga_op_result(st, op, arg.preactivation_out, f.x->dtype, f.x->ndim, shape)))
         goto done;
     if (!(f.x_read = rows_view(st, op, f.x, &M, &x_row)) ||
@@ -579,21 +582,21 @@ static ArrayObject *linear_grad_weight(ga_state *st, const ga_op *op, PyObject *
 static PyObject *linear_backward_entry(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
                                        PyObject *kwnames)
 {
+    ga_state *st = ga_state_from_module(module);
     linear_backward_args arg;
     ga_backward g;
     if (ga_parse_args_into("linear_backward", args, nargs, kwnames, linear_backward_fields, 3, 3,
                            &arg) < 0 ||
-        ga_backward_parse(&g, "linear_backward", arg.out, arg.needs_input_grad,
+        ga_backward_parse(st, &g, "linear_backward", arg.out, arg.needs_input_grad,
                           arg.needs_weight_grad, arg.needs_bias_grad, arg.activation) < 0)
         return NULL;
     if (g.act != GA_ACT_NONE && (!arg.preactivation || arg.preactivation == Py_None)) {
         PyErr_Format(PyExc_ValueError,
-                     "linear_backward: activation=%s needs preactivation (what linear(..., "
+                     "linear_backward: activation='%s' needs preactivation (what linear(..., "
                      "save_preactivation=True) returned)",
-                     g.act == GA_ACT_GELU ? "'gelu'" : "'relu'");
+                     ga_activation_name(g.act));
         return NULL;
     }
-    ga_state *st = ga_state_from_module(module);
     ArrayObject *dz = NULL, *gyv = NULL, *xv = NULL, *wv = NULL;
     PyObject *result = NULL;
     PyObject *aux = g.act != GA_ACT_NONE ? arg.preactivation : NULL;

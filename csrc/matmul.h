@@ -4,7 +4,8 @@
 #ifndef GPUACCEL_MATMUL_H
 #define GPUACCEL_MATMUL_H
 
-#include "module.h"
+#include "args.h"
+#include "errors.h"
 
 PyObject *ga_py_matmul(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kw);
 PyObject *ga_py_linear(PyObject *module, PyObject *const *args, Py_ssize_t nargs, PyObject *kw);

@@ -6,17 +6,19 @@
 #include "npy.h"
 
 #include "alloc.h"
+#include "args.h"
 #include "array_type.h"
 #include "conv.h"
 #include "create.h"
-#include "device.h"
+#include "event.h"
 #include "dlpack.h"
 #include "dtype.h"
 #include "loader.h"
 #include "logger.h"
 #include "matmul.h"
-#include "module.h"
-#include "ops.h"
+#include "opcall.h"
+#include "fallback.h"
+#include "settings.h"
 
 PyDoc_STRVAR(cuda_error_doc, "A CUDA runtime call failed.\n\n"
                              ".code is the library's status code, .name its name (e.g. "
@@ -30,6 +32,12 @@ PyDoc_STRVAR(fallback_error_doc,
              "hide a bug or a broken installation, under gpuaccel.set_fallback_policy('raise').\n\n"
              ".name is the reason (see matmul_stats()['fallback_reasons']), .code the library's "
              "status, .call the op.");
+PyDoc_STRVAR(gelu_changed_doc,
+             "activation='gelu' was asked for: it means the exact (erf) GELU of nn.GELU(), "
+             "where earlier gpuaccel versions computed the tanh approximation (now 'gelu_tanh'). "
+             "Shown once per process; 'gelu_erf' and 'gelu_tanh' name the form meant and never "
+             "warn.  A FutureWarning, so `warnings.filterwarnings('ignore', "
+             "category=gpuaccel.GeluChangedWarning)` silences it.");
 PyDoc_STRVAR(fallback_warning_doc,
              "A CUDA op fell back from the library call it asked for (see FallbackError); shown "
              "once per op and reason under gpuaccel.set_fallback_policy('warn'), the default.");
@@ -71,7 +79,16 @@ static int add_exceptions(PyObject *module, ga_state *st)
     if (st->FallbackWarning &&
         PyModule_AddObjectRef(module, "FallbackWarning", st->FallbackWarning) < 0)
         Py_CLEAR(st->FallbackWarning);
-    return st->CublasError && st->CudnnError && st->FallbackError && st->FallbackWarning ? 0 : -1;
+    Py_CLEAR(st->GeluChangedWarning);
+    st->GeluChangedWarning = PyErr_NewExceptionWithDoc("gpuaccel.GeluChangedWarning",
+                                                       gelu_changed_doc, PyExc_FutureWarning, NULL);
+    if (st->GeluChangedWarning &&
+        PyModule_AddObjectRef(module, "GeluChangedWarning", st->GeluChangedWarning) < 0)
+        Py_CLEAR(st->GeluChangedWarning);
+    return st->CublasError && st->CudnnError && st->FallbackError && st->FallbackWarning &&
+                   st->GeluChangedWarning
+               ? 0
+               : -1;
 }
 
 static PyTypeObject *add_type(PyObject *module, PyType_Spec *spec)
@@ -130,12 +147,12 @@ static int module_exec(PyObject *module)
         return -1;
     if (PyModule_AddIntConstant(module, "MAX_NDIM", GA_MAX_NDIM) < 0)
         return -1;
-    PyObject *reasons = ga_op_fallback_reason_names();
+    PyObject *reasons = ga_fallback_reason_names();
     int added = reasons ? PyModule_AddObjectRef(module, "_fallback_reasons", reasons) : -1;
     Py_XDECREF(reasons);
     if (added < 0)
         return -1;
-    return ga_op_fallback_policy_init();
+    return ga_fallback_policy_init();
 }
 
 static int module_traverse(PyObject *module, visitproc visit, void *arg)
@@ -153,6 +170,7 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->CudnnError);
     Py_VISIT(st->FallbackError);
     Py_VISIT(st->FallbackWarning);
+    Py_VISIT(st->GeluChangedWarning);
     Py_VISIT(st->current_stream);
     Py_VISIT(st->default_device);
     Py_VISIT(st->bfloat16_descr);
@@ -198,6 +216,7 @@ static int module_clear(PyObject *module)
     Py_CLEAR(st->CudnnError);
     Py_CLEAR(st->FallbackError);
     Py_CLEAR(st->FallbackWarning);
+    Py_CLEAR(st->GeluChangedWarning);
     Py_CLEAR(st->current_stream);
     Py_CLEAR(st->default_device);
     Py_CLEAR(st->bfloat16_descr);
@@ -241,128 +260,143 @@ static void module_free(void *module)
 
 static PyMethodDef module_methods[] = {
     {"cuda_available", ga_py_cuda_available, METH_NOARGS,
-     "cuda_available() -> bool\n\nTrue when this build has CUDA and a driver and GPU are "
-     "usable."},
+     "cuda_available($module, /)\n--\n\nReturns bool.  True when this build has CUDA and a driver"
+     " and GPU are usable."},
     {"built_with_cuda", ga_py_built_with_cuda, METH_NOARGS,
-     "built_with_cuda() -> bool\n\nTrue when the extension was compiled with its CUDA backend."},
+     "built_with_cuda($module, /)\n--\n\nReturns bool.  True when the extension was compiled with"
+     " its CUDA backend."},
     {"device_count", ga_py_device_count, METH_NOARGS,
-     "device_count() -> int\n\nNumber of usable CUDA devices (0 without CUDA)."},
+     "device_count($module, /)\n--\n\nReturns int.  Number of usable CUDA devices (0 without "
+     "CUDA)."},
     {"default_device", ga_py_default_device, METH_NOARGS,
-     "default_device() -> Device\n\nWhere empty()/zeros()/... allocate when no device is "
-     "given (CPU unless changed)."},
+     "default_device($module, /)\n--\n\nReturns Device.  Where empty()/zeros()/... allocate when "
+     "no device is given (CPU unless changed)."},
     {"set_default_device", ga_py_set_default_device, METH_O,
-     "set_default_device(device)\n\nSets the device used when none is given."},
+     "set_default_device($module, device, /)\n--\n\nSets the device used when none is given."},
     {"current_stream", KW ga_py_current_stream, METH_VARARGS | METH_KEYWORDS,
-     "current_stream(device=None) -> Stream\n\nThe stream gpuaccel queues work on for "
-     "`device`: the one made current with `with stream:`, else the legacy default stream."},
+     "current_stream($module, device=None)\n--\n\nReturns Stream.  The stream gpuaccel queues "
+     "work on for `device`: the one made current with `with stream:`, else the legacy default "
+     "stream."},
     {"synchronize", KW ga_py_synchronize, METH_VARARGS | METH_KEYWORDS,
-     "synchronize(device=None)\n\nWaits until all work queued on the device is done."},
+     "synchronize($module, device=None)\n--\n\nWaits until all work queued on the device is done."},
     {"device_properties", KW ga_py_device_properties, METH_VARARGS | METH_KEYWORDS,
-     "device_properties(device=None) -> dict\n\nName, compute capability, memory, "
-     "multiprocessors and L2 size of a CUDA device."},
+     "device_properties($module, device=None)\n--\n\nReturns dict.  Name, compute capability, "
+     "memory, multiprocessors and L2 size of a CUDA device."},
     {"build_info", ga_py_build_info, METH_NOARGS,
-     "build_info() -> dict\n\nHow this extension was built and which CUDA libraries it "
-     "loaded."},
+     "build_info($module, /)\n--\n\nReturns dict.  How this extension was built and which CUDA "
+     "libraries it loaded."},
     {"empty", KW ga_py_empty, METH_VARARGS | METH_KEYWORDS,
-     "empty(shape, dtype='float32', device=None, pinned=False) -> Array\n\nAn uninitialised "
-     "array."},
+     "empty($module, shape, dtype='float32', device=None, *, pinned=False)\n--\n\nReturns Array. "
+     " An uninitialised array."},
     {"zeros", KW ga_py_zeros, METH_VARARGS | METH_KEYWORDS,
-     "zeros(shape, dtype='float32', device=None, pinned=False) -> Array"},
+     "zeros($module, shape, dtype='float32', device=None, *, pinned=False)\n--\n\nReturns Array."},
     {"ones", KW ga_py_ones, METH_VARARGS | METH_KEYWORDS,
-     "ones(shape, dtype='float32', device=None, pinned=False) -> Array"},
+     "ones($module, shape, dtype='float32', device=None, *, pinned=False)\n--\n\nReturns Array."},
     {"full", KW ga_py_full, METH_VARARGS | METH_KEYWORDS,
-     "full(shape, fill_value, dtype=None, device=None, pinned=False) -> Array\n\ndtype "
-     "defaults to bool, int64 or float32 after fill_value."},
+     "full($module, shape, fill_value, dtype=None, device=None, *, pinned=False)\n--\n\nReturns "
+     "Array.  dtype defaults to bool, int64 or float32 after fill_value."},
     {"asarray", KW ga_py_asarray, METH_FASTCALL | METH_KEYWORDS,
-     "asarray(obj, dtype=None, device=None, copy=None, stream=None) -> Array\n\nAn Array from "
-     "an Array, anything with __dlpack__ or __cuda_array_interface__, a buffer, or nested "
-     "sequences of numbers.  Shares memory when it can; copy=True always copies and "
-     "copy=False never does (raising ValueError when a copy would be needed)."},
+     "asarray($module, obj, dtype=None, device=None, copy=None, stream=None)\n--\n\nReturns "
+     "Array.  An Array from an Array, anything with __dlpack__ or __cuda_array_interface__, a "
+     "buffer, or nested sequences of numbers.  Shares memory when it can; copy=True always copies"
+     " and copy=False never does (raising ValueError when a copy would be needed)."},
     {"from_dlpack", KW ga_py_from_dlpack, METH_FASTCALL | METH_KEYWORDS,
-     "from_dlpack(x, /, *, device=None, copy=None) -> Array\n\nAn Array sharing memory with a "
-     "DLPack producer (an object with __dlpack__, or a DLPack capsule)."},
+     "from_dlpack($module, x, /, *, device=None, copy=None)\n--\n\nReturns Array.  An Array "
+     "sharing memory with a DLPack producer (an object with __dlpack__, or a DLPack capsule)."},
     {"memory_stats", KW ga_py_memory_stats, METH_VARARGS | METH_KEYWORDS,
-     "memory_stats(device=None) -> dict\n\nBytes allocated, peak, reserved, limit and counts "
-     "for a device ('cpu' includes the pinned pool).  device=None: the current CUDA device "
-     "when CUDA is usable, else the CPU."},
+     "memory_stats($module, device=None)\n--\n\nReturns dict.  Bytes allocated, peak, reserved, "
+     "limit and counts for a device ('cpu' includes the pinned pool).  device=None: the current "
+     "CUDA device when CUDA is usable, else the CPU."},
     {"empty_cache", ga_py_empty_cache, METH_NOARGS,
-     "empty_cache()\n\nReturns cached device, pinned and pageable host memory that no array uses."},
+     "empty_cache($module, /)\n--\n\nReturns cached device, pinned and pageable host memory that "
+     "no array uses."},
     {"set_memory_limit", KW ga_py_set_memory_limit, METH_VARARGS | METH_KEYWORDS,
-     "set_memory_limit(limit, device=None)\n\nCaps what gpuaccel may allocate on a device: "
-     "bytes (int), a fraction of the device's memory (float in (0, 1]), or None for no "
+     "set_memory_limit($module, limit, device=None)\n--\n\nCaps what gpuaccel may allocate on a "
+     "device: bytes (int), a fraction of the device's memory (float in (0, 1]), or None for no "
      "limit."},
     {"matmul", KW ga_py_matmul, METH_FASTCALL | METH_KEYWORDS,
-     "matmul(a, b, *, bias=None, activation=None, out=None, out_dtype=None, stream=None)\n\n"
-     "act(a @ b + bias) in one call: a (..., M, K), b (K, N) or (..., K, N) with broadcast "
-     "batch dimensions (NumPy's rules, 1-D operands included); bias (N,); activation None, "
-     "'relu' or 'gelu' (tanh approximation); float16/bfloat16 accumulate in float32 "
-     "(out_dtype='float32' keeps the result in float32).  stream: None (gpuaccel's current "
-     "stream, else torch's for torch tensors), a Stream, a torch.cuda.Stream, an int handle, "
-     "or 'torch' (torch's current stream whatever gpuaccel's is); the same for every op."},
+     "matmul($module, a, b, *, bias=None, activation=None, out=None, out_dtype=None, "
+     "stream=None)\n--\n\nact(a @ b + bias) in one call: a (..., M, K), b (K, N) or (..., K, N) "
+     "with broadcast batch dimensions (NumPy's rules, 1-D operands included); bias (N,); "
+     "activation None, 'relu', 'gelu' (exact, erf, as nn.GELU()), 'gelu_tanh' (its tanh "
+     "approximation), 'silu', 'hardswish' or 'sigmoid'; float16/bfloat16 accumulate in "
+     "float32 (out_dtype='float32' keeps the result in float32).  stream: None (gpuaccel's "
+     "current stream, else torch's for torch tensors), a Stream, a torch.cuda.Stream, an int "
+     "handle, or 'torch' (torch's current stream whatever gpuaccel's is); the same for every op."},
     {"linear", KW ga_py_linear, METH_FASTCALL | METH_KEYWORDS,
-     "linear(x, weight, bias=None, activation=None, *, out=None, save_preactivation=False, "
-     "stream=None)\n\ny = act(x @ weight.T + bias) with weight (out_features, in_features) as "
-     "nn.Linear.  With save_preactivation=True returns (y, aux), aux being what "
-     "linear_backward needs: the pre-activation for gelu, y itself for relu, None without "
-     "an activation."},
+     "linear($module, x, weight, bias=None, activation=None, *, out=None, "
+     "save_preactivation=False, stream=None)\n--\n\ny = act(x @ weight.T + bias) with weight "
+     "(out_features, in_features) as nn.Linear.  With save_preactivation=True returns (y, aux), "
+     "aux being what linear_backward needs: y itself for relu, the pre-activation for the other "
+     "activations, None without one."},
     {"linear_backward", KW ga_py_linear_backward, METH_FASTCALL | METH_KEYWORDS,
-     "linear_backward(grad_y, x, weight, *, activation=None, preactivation=None, "
-     "needs_input_grad=True, needs_weight_grad=True, needs_bias_grad=True, stream=None)\n\n"
-     "(grad_x, grad_weight, grad_bias), None for those not needed.  The activation's "
-     "derivative and the bias gradient are computed in one pass."},
+     "linear_backward($module, grad_y, x, weight, *, activation=None, preactivation=None, "
+     "needs_input_grad=True, needs_weight_grad=True, needs_bias_grad=True, stream=None, "
+     "out=None)\n--\n\n(grad_x, grad_weight, grad_bias), None for those not needed.  The "
+     "activation's derivative and the bias gradient are computed in one pass."},
     {"conv2d", KW ga_py_conv2d, METH_FASTCALL | METH_KEYWORDS,
-     "conv2d(x, weight, bias=None, *, stride=1, padding=0, dilation=1, groups=1, "
-     "activation=None, layout='NCHW', out=None, save_preactivation=False, stream=None)\n\n"
-     "act(conv(x, weight) + bias).  layout='NCHW': x (N, C, H, W), weight (K, C/groups, R, "
-     "S) — a channels-last tensor is used as it is, and the result follows its memory "
-     "format; layout='NHWC': x (N, H, W, C), weight (K, R, S, C/groups), result (N, P, Q, "
+     "conv2d($module, x, weight, bias=None, *, stride=1, padding=0, dilation=1, groups=1, "
+     "activation=None, layout='NCHW', out=None, save_preactivation=False, "
+     "stream=None)\n--\n\nact(conv(x, weight) + bias).  layout='NCHW': x (N, C, H, W), weight (K,"
+     " C/groups, R, S) — a channels-last tensor is used as it is, and the result follows its "
+     "memory format; layout='NHWC': x (N, H, W, C), weight (K, R, S, C/groups), result (N, P, Q, "
      "K)."},
     {"conv2d_backward", KW ga_py_conv2d_backward, METH_FASTCALL | METH_KEYWORDS,
-     "conv2d_backward(grad_y, x, weight, *, stride=1, padding=0, dilation=1, groups=1, "
+     "conv2d_backward($module, grad_y, x, weight, *, stride=1, padding=0, dilation=1, groups=1, "
      "activation=None, y=None, preactivation=None, layout='NCHW', needs_input_grad=True, "
-     "needs_weight_grad=True, needs_bias_grad=True, stream=None)\n\n(grad_x, grad_weight, "
-     "grad_bias); relu needs y (or the pre-activation), gelu the pre-activation."},
+     "needs_weight_grad=True, needs_bias_grad=True, stream=None, out=None)\n--\n\n(grad_x, "
+     "grad_weight, grad_bias); relu needs y (or the pre-activation), the other activations the "
+     "pre-activation."},
+    {"_activation_name", (PyCFunction)(void (*)(void))ga_py_activation_name, METH_FASTCALL,
+     "_activation_name($module, activation, caller, stacklevel, /)\n--\n\nReturns str.  The "
+     "activation's own name ('none' for None) as the ops parse it, with their ValueError "
+     "(naming caller) and their one-time GeluChangedWarning for 'gelu' (at warnings.warn's "
+     "stacklevel): gpuaccel.torch's parser."},
     {"set_matmul_precision", ga_py_set_matmul_precision, METH_O,
-     "set_matmul_precision('highest' | 'high' | 'medium' | None)\n\n'high' (and 'medium', "
-     "the same here) lets float32 matmuls and linears use TF32 tensor cores, as "
-     "torch.set_float32_matmul_precision does; None (the initial state) follows torch's "
-     "setting while torch is imported, else 'highest' (torch's default)."},
+     "set_matmul_precision($module, precision, /)\n--\n\n'high' (and 'medium', the same here) "
+     "lets float32 matmuls and linears use TF32 tensor cores, as "
+     "torch.set_float32_matmul_precision does; None (the initial state) follows torch's setting "
+     "while torch is imported, else 'highest' (torch's default)."},
     {"get_matmul_precision", ga_py_get_matmul_precision, METH_NOARGS,
-     "get_matmul_precision() -> str: the value set, or, following torch, 'high' or 'highest'."},
+     "get_matmul_precision($module, /)\n--\n\nReturns str.  the value set, or, following torch, "
+     "'high' or 'highest'."},
     {"set_conv_allow_tf32", ga_py_set_conv_allow_tf32, METH_O,
-     "set_conv_allow_tf32(True | False | None)\n\nTrue lets float32 convolutions use TF32 "
-     "tensor cores (as torch.backends.cudnn.allow_tf32); None (the initial state) follows "
-     "torch's flag while torch is imported, else True (torch's default)."},
+     "set_conv_allow_tf32($module, allow, /)\n--\n\nTrue lets float32 convolutions use TF32 "
+     "tensor cores (as torch.backends.cudnn.allow_tf32); None (the initial state) follows torch's"
+     " flag while torch is imported, else True (torch's default)."},
     {"get_conv_allow_tf32", ga_py_get_conv_allow_tf32, METH_NOARGS,
-     "get_conv_allow_tf32() -> bool: whether float32 convolutions may use TF32 now."},
+     "get_conv_allow_tf32($module, /)\n--\n\nReturns bool.  whether float32 convolutions may use "
+     "TF32 now."},
     {"_tf32_state", ga_py_tf32_state, METH_O,
-     "_tf32_state('matmul' | 'conv') -> (allowed, source): TF32 for float32 CUDA ops and "
-     "where the setting comes from: 'gpuaccel', 'torch' or 'default'."},
+     "_tf32_state($module, op, /)\n--\n\nReturns (allowed, source).  TF32 for float32 CUDA ops "
+     "and where the setting comes from: 'gpuaccel', 'torch' or 'default'."},
     {"set_deterministic", ga_py_set_deterministic, METH_O,
-     "set_deterministic(True | False)\n\nThe same bits for the same inputs (shapes, strides, "
-     "pointer alignments), run after run and process after process, on the same GPU model with "
-     "the same cuBLASLt and cuDNN: cuBLASLt without split-K reductions and without its "
-     "bias-gradient epilogues (gpuaccel's fixed-order sums instead), cuDNN engines without the "
-     "NONDETERMINISTIC note, chosen in the heuristic's order rather than by timing.  gpuaccel's "
-     "own kernels and the CPU are deterministic either way.  Not promised: the same bits on "
-     "another GPU model or library version, or GPU equal to CPU."},
-    {"get_deterministic", ga_py_get_deterministic, METH_NOARGS, NULL},
+     "set_deterministic($module, deterministic, /)\n--\n\nThe same bits for the same inputs "
+     "(shapes, strides, pointer alignments), run after run and process after process, on the same"
+     " GPU model with the same cuBLASLt and cuDNN: cuBLASLt without split-K reductions and "
+     "without its bias-gradient epilogues (gpuaccel's fixed-order sums instead), cuDNN engines "
+     "without the NONDETERMINISTIC note, chosen in the heuristic's order rather than by timing.  "
+     "gpuaccel's own kernels and the CPU are deterministic either way.  Not promised: the same "
+     "bits on another GPU model or library version, or GPU equal to CPU."},
+    {"get_deterministic", ga_py_get_deterministic, METH_NOARGS,
+     "get_deterministic($module, /)\n--\n\nWhether set_deterministic(True) is in force."},
     {"set_fallback_policy", ga_py_set_fallback_policy, METH_O,
-     "set_fallback_policy('allow' | 'warn' | 'raise')\n\nWhat a CUDA matmul or conv does when "
-     "the library call it asked for fell back for a reason that may hide a bug or a broken "
+     "set_fallback_policy($module, policy, /)\n--\n\nWhat a CUDA matmul or conv does when the "
+     "library call it asked for fell back for a reason that may hide a bug or a broken "
      "installation (no algorithm even for the plain op, a rejected parameter, a sub-library that "
-     "did not load, a failed runtime compilation, plans that did not run): 'warn' (default) "
-     "shows a FallbackWarning once per op and reason with the library's message, 'raise' raises "
+     "did not load, a failed runtime compilation, plans that did not run): 'warn' (default) shows"
+     " a FallbackWarning once per op and reason with the library's message, 'raise' raises "
      "FallbackError, 'allow' only counts them (matmul_stats()/conv_stats()['fallback_reasons']). "
-     "Documented library limits (layouts, epilogues, set_deterministic) are counted, never "
-     "warned about.  The environment variable GPUACCEL_FALLBACK sets it at import."},
-    {"get_fallback_policy", ga_py_get_fallback_policy, METH_NOARGS, NULL},
+     "Documented library limits (layouts, epilogues, set_deterministic) are counted, never warned"
+     " about.  The environment variable GPUACCEL_FALLBACK sets it at import."},
+    {"get_fallback_policy", ga_py_get_fallback_policy, METH_NOARGS,
+     "get_fallback_policy($module, /)\n--\n\n'allow', 'warn' or 'raise': see set_fallback_policy."},
     {"matmul_stats", ga_py_matmul_stats, METH_NOARGS,
-     "matmul_stats() -> dict: calls, CPU/CUDA calls, fused and fallback (unfused) CUDA calls, "
-     "plan-cache hits and misses."},
+     "matmul_stats($module, /)\n--\n\nReturns dict.  calls, CPU/CUDA calls, fused and fallback "
+     "(unfused) CUDA calls, plan-cache hits and misses."},
     {"conv_stats", ga_py_conv_stats, METH_NOARGS,
-     "conv_stats() -> dict: calls, fused, fallback, tuned (shapes timed), tuning_reused "
-     "(choices read back from the tuning file), plan-cache hits and misses."},
+     "conv_stats($module, /)\n--\n\nReturns dict.  calls, fused, fallback, tuned (shapes timed), "
+     "tuning_reused (choices read back from the tuning file), plan-cache hits and misses."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -24,6 +24,7 @@ from ._C import (  # noqa: E402
     Event,
     FallbackError,
     FallbackWarning,
+    GeluChangedWarning,
     OutOfMemoryError,
     Stream,
     asarray,
@@ -79,7 +80,7 @@ DTYPES = (bool_, uint8, int8, int16, int32, int64, float16, bfloat16, float32, f
 
 __all__ = [
     "Array", "CublasError", "CudaError", "CudnnError", "DTYPES", "Device", "Event", "FallbackError",
-    "FallbackWarning", "MAX_NDIM",
+    "FallbackWarning", "GeluChangedWarning", "MAX_NDIM",
     "ImageNormalize", "LossLogger", "NonFiniteError", "OutOfMemoryError", "PinnedLoader", "Stream", "asarray",
     "bfloat16", "bool_", "build_info", "built_with_cuda",
     "conv2d", "conv2d_backward", "conv_stats", "cuda_available", "current_stream", "default_device", "device_count",

@@ -1,7 +1,7 @@
 """gpuaccel for torch: fused linear and conv2d layers.
 
     import gpuaccel.torch as gt
-    layer = gt.FusedLinear(1024, 4096, activation="gelu")   # nn.Linear + GELU(tanh)
+    layer = gt.FusedLinear(1024, 4096, activation="gelu")   # nn.Linear + nn.GELU()
     conv = gt.FusedConv2d(64, 128, 3, padding=1, activation="relu")
 
 Two paths compute the same thing:
@@ -44,8 +44,29 @@ from . import _C
 
 __all__ = ["CPU_TORCH_THRESHOLD", "FusedConv2d", "FusedLinear", "fused_conv2d", "fused_linear"]
 
-_ACTIVATIONS = {None: "none", "none": "none", "relu": "relu", "gelu": "gelu"}
-_KERNEL_ACT = {"none": None, "relu": "relu", "gelu": "gelu"}  # as the C ops take it
+# The activations by the names the layers take, each to its own name.  "gelu"
+# (nn.GELU()'s exact erf form) is not here: its first use in a process goes
+# through the C parser, which warns once that it meant the tanh form in
+# earlier versions ("gelu_erf", the same activation, never warns).
+_ACTIVATIONS = {None: "none", "none": "none", "relu": "relu", "gelu_erf": "gelu", "gelu_tanh": "gelu_tanh",
+                "silu": "silu", "hardswish": "hardswish", "sigmoid": "sigmoid"}
+# as the C ops take them: the exact GELU by its name that does not warn
+_KERNEL_ACT = {"none": None, "relu": "relu", "gelu": "gelu_erf", "gelu_tanh": "gelu_tanh", "silu": "silu",
+               "hardswish": "hardswish", "sigmoid": "sigmoid"}
+# the activations whose derivative reads the pre-activation z, which the
+# forward then saves; relu's reads its output y (y > 0 exactly when z > 0)
+_SAVES_PREACTIVATION = frozenset(("gelu", "gelu_tanh", "silu", "hardswish", "sigmoid"))
+# torch's own form of each, for the CPU path above the threshold and the
+# ONNX decompositions (ONNX: Relu, Gelu or its Erf expansion, Gelu with
+# approximate="tanh" or its Tanh expansion, x * Sigmoid(x), HardSwish, Sigmoid)
+_TORCH_ACTIVATION = {
+    "relu": torch.relu,
+    "gelu": torch.nn.functional.gelu,
+    "gelu_tanh": lambda z: torch.nn.functional.gelu(z, approximate="tanh"),
+    "silu": torch.nn.functional.silu,
+    "hardswish": torch.nn.functional.hardswish,
+    "sigmoid": torch.sigmoid,
+}
 
 # Multiply-adds of one CPU call above which the eager path runs torch's own
 # kernels: where they overtake gpuaccel's reference kernels, fwd+bwd, as
@@ -63,10 +84,26 @@ _grad_enabled = torch.is_grad_enabled
 
 
 def _activation(name):
+    """The activation's own name ("none" for None); a ValueError for one
+    gpuaccel does not have.  Called by the public functions and
+    constructors only: its warning points at their caller."""
     try:
         return _ACTIVATIONS[name]
     except (KeyError, TypeError):
-        raise ValueError("activation must be None, 'relu' or 'gelu' (tanh approximation), got %r" % (name,)) from None
+        # "gelu" (warned about, once, by the same parser as the C ops) or an
+        # error; stacklevel 3: the caller of the function that called this
+        parsed = _C._activation_name(name, "gpuaccel.torch", 3)
+        if isinstance(name, str):  # "gelu", warned about: from now on a lookup like the others
+            _ACTIVATIONS[name] = parsed
+        return parsed
+
+
+def _saved_aux(activation, y, z):
+    """What the backward reads: z for an activation whose derivative needs
+    the pre-activation, y for relu, nothing without an activation."""
+    if activation in _SAVES_PREACTIVATION:
+        return z
+    return y if activation == "relu" else None
 
 
 def _traced(x, weight):
@@ -93,11 +130,8 @@ def _needs_grad(x, weight, bias):
 
 
 def _torch_activation(y, activation):
-    if activation == "relu":
-        return torch.relu(y)
-    if activation == "gelu":
-        return torch.nn.functional.gelu(y, approximate="tanh")
-    return y
+    fn = _TORCH_ACTIVATION.get(activation)
+    return y if fn is None else fn(y)
 
 
 def _empty(like):
@@ -110,12 +144,14 @@ def _empty(like):
 # kernels run on torch's current stream.
 
 def _linear_forward(x, weight, bias, activation, keep_preactivation):
-    """(y, preactivation) — the pre-activation only for gelu when asked
-    (relu's derivative reads y; no activation reads nothing)."""
+    """(y, preactivation) — the pre-activation only when asked and the
+    activation's derivative reads it (relu's reads y; no activation reads
+    nothing)."""
     y = x.new_empty((*x.shape[:-1], weight.shape[0]))
-    if activation == "gelu" and keep_preactivation:
+    if activation in _SAVES_PREACTIVATION and keep_preactivation:
         z = torch.empty_like(y)
-        _C.linear(x, weight, bias, "gelu", out=y, save_preactivation=True, preactivation_out=z, stream="torch")
+        _C.linear(x, weight, bias, _KERNEL_ACT[activation], out=y, save_preactivation=True, preactivation_out=z,
+                  stream="torch")
         return y, z
     _C.linear(x, weight, bias, _KERNEL_ACT[activation], out=y, stream="torch")
     return y, None
@@ -147,7 +183,7 @@ class _LinearFunction(torch.autograd.Function):
         y, z = _linear_forward(x, weight, bias, activation, True)
         ctx.activation = activation
         ctx.has_bias = bias is not None
-        ctx.save_for_backward(x, weight, z if activation == "gelu" else (y if activation == "relu" else None))
+        ctx.save_for_backward(x, weight, _saved_aux(activation, y, z))
         return y
 
     @staticmethod
@@ -169,7 +205,7 @@ def _linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], activation: str) 
 @_linear.register_fake
 def _(x, weight, bias, activation):
     y = x.new_empty(x.shape[:-1] + (weight.shape[0],))
-    return y, (x.new_empty(y.shape) if activation == "gelu" else x.new_empty((0,)))
+    return y, (x.new_empty(y.shape) if activation in _SAVES_PREACTIVATION else x.new_empty((0,)))
 
 
 @torch.library.custom_op("gpuaccel::linear_backward", mutates_args=())
@@ -191,7 +227,7 @@ def _linear_setup(ctx, inputs, output):
     y, pre = output
     ctx.activation = activation
     ctx.has_bias = bias is not None
-    ctx.save_for_backward(x, weight, pre if activation == "gelu" else (y if activation == "relu" else None))
+    ctx.save_for_backward(x, weight, _saved_aux(activation, y, pre))
 
 
 def _linear_grad(ctx, grad_y, grad_pre):
@@ -212,8 +248,14 @@ def _linear_traced(x, weight, bias, activation):
 
 def fused_linear(x, weight, bias=None, activation=None):
     """act(x @ weight.T + bias) in one fused kernel (forward and backward);
-    x of shape (..., in_features), also 1-D."""
-    activation = _activation(activation)
+    x of shape (..., in_features), also 1-D.  activation: None, 'relu',
+    'gelu' (exact, as nn.GELU()), 'gelu_tanh' (nn.GELU(approximate='tanh')),
+    'silu', 'hardswish' or 'sigmoid'."""
+    return _linear_checked(x, weight, bias, _activation(activation))
+
+
+def _linear_checked(x, weight, bias, activation):
+    """fused_linear once its activation is parsed."""
     if _is_autocast("cuda" if x.is_cuda else "cpu"):
         x, weight, bias = _autocast(x, weight, bias)
     if _traced(x, weight):
@@ -226,9 +268,9 @@ def fused_linear(x, weight, bias=None, activation=None):
 
 
 class FusedLinear(torch.nn.Module):
-    """nn.Linear followed by an activation (None, 'relu' or 'gelu' with the
-    tanh approximation), fused: same arguments, initialisation and
-    state_dict keys (weight, bias) as nn.Linear."""
+    """nn.Linear followed by an activation (fused_linear's), fused: same
+    arguments, initialisation and state_dict keys (weight, bias) as
+    nn.Linear."""
 
     def __init__(self, in_features, out_features, bias=True, activation=None, device=None, dtype=None):
         super().__init__()
@@ -251,7 +293,7 @@ class FusedLinear(torch.nn.Module):
             torch.nn.init.uniform_(self.bias, -bound, bound)
 
     def forward(self, x):
-        return fused_linear(x, self.weight, self.bias, self.activation)
+        return _linear_checked(x, self.weight, self.bias, self.activation)
 
     def extra_repr(self):
         return "in_features=%d, out_features=%d, bias=%s, activation=%s" % (
@@ -277,10 +319,11 @@ def _conv_empty(x, shape):
 def _conv_forward(x, weight, bias, stride, padding, dilation, groups, activation, keep_preactivation):
     shape = _conv_out_shape(x, weight, stride, padding, dilation)
     y = _conv_empty(x, shape)
-    if activation == "gelu" and keep_preactivation:
+    if activation in _SAVES_PREACTIVATION and keep_preactivation:
         z = _conv_empty(x, shape)
         _C.conv2d(x, weight, bias, stride=stride, padding=padding, dilation=dilation, groups=groups,
-                  activation="gelu", out=y, save_preactivation=True, preactivation_out=z, stream="torch")
+                  activation=_KERNEL_ACT[activation], out=y, save_preactivation=True, preactivation_out=z,
+                  stream="torch")
         return y, z
     _C.conv2d(x, weight, bias, stride=stride, padding=padding, dilation=dilation, groups=groups,
               activation=_KERNEL_ACT[activation], out=y, stream="torch")
@@ -305,7 +348,7 @@ class _Conv2dFunction(torch.autograd.Function):
         ctx.geometry = (stride, padding, dilation, groups)
         ctx.activation = activation
         ctx.has_bias = bias is not None
-        ctx.save_for_backward(x, weight, z if activation == "gelu" else (y if activation == "relu" else None))
+        ctx.save_for_backward(x, weight, _saved_aux(activation, y, z))
         return y
 
     @staticmethod
@@ -328,7 +371,8 @@ def _conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: List[int]
 @_conv2d.register_fake
 def _(x, weight, bias, stride, padding, dilation, groups, activation):
     shape = _conv_out_shape(x, weight, stride, padding, dilation)
-    return _conv_empty(x, shape), (_conv_empty(x, shape) if activation == "gelu" else x.new_empty((0,)))
+    return _conv_empty(x, shape), (_conv_empty(x, shape) if activation in _SAVES_PREACTIVATION
+                                   else x.new_empty((0,)))
 
 
 @torch.library.custom_op("gpuaccel::conv2d_backward", mutates_args=())
@@ -353,7 +397,7 @@ def _conv_setup(ctx, inputs, output):
     ctx.geometry = (stride, padding, dilation, groups)
     ctx.activation = activation
     ctx.has_bias = bias is not None
-    ctx.save_for_backward(x, weight, pre if activation == "gelu" else (y if activation == "relu" else None))
+    ctx.save_for_backward(x, weight, _saved_aux(activation, y, pre))
 
 
 def _conv_grad(ctx, grad_y, grad_pre):
@@ -381,12 +425,12 @@ _conv2d.register_autograd(_conv_grad, setup_context=_conv_setup)
 
 def _linear_decomposition(x, weight, bias, activation):
     z = torch.nn.functional.linear(x, weight, bias)
-    return _torch_activation(z, activation), (z if activation == "gelu" else x.new_empty((0,)))
+    return _torch_activation(z, activation), (z if activation in _SAVES_PREACTIVATION else x.new_empty((0,)))
 
 
 def _conv2d_decomposition(x, weight, bias, stride, padding, dilation, groups, activation):
     z = torch.nn.functional.conv2d(x, weight, bias, stride, padding, dilation, groups)
-    return _torch_activation(z, activation), (z if activation == "gelu" else x.new_empty((0,)))
+    return _torch_activation(z, activation), (z if activation in _SAVES_PREACTIVATION else x.new_empty((0,)))
 
 
 def _register_decompositions():
@@ -440,14 +484,15 @@ def _conv2d_checked(x, weight, bias, stride, padding, dilation, groups, activati
 def fused_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, activation=None):
     """act(conv2d(x, weight) + bias) in one fused call (forward and
     backward); x of shape (N, C, H, W) in NCHW or channels-last memory (the
-    result follows it), or unbatched (C, H, W)."""
+    result follows it), or unbatched (C, H, W).  activation: as
+    fused_linear's."""
     return _conv2d_checked(x, weight, bias, _pair(stride, "stride"), _pair(padding, "padding"),
                            _pair(dilation, "dilation"), int(groups), _activation(activation))
 
 
 class FusedConv2d(torch.nn.Conv2d):
-    """nn.Conv2d followed by an activation (None, 'relu' or 'gelu' with the
-    tanh approximation), fused.  The constructor, initialisation and
+    """nn.Conv2d followed by an activation (fused_linear's), fused.  The
+    constructor, initialisation and
     state_dict keys are nn.Conv2d's (padding_mode 'zeros'; padding may be an
     int, a pair, 'valid', or 'same' for odd effective kernels)."""
 

@@ -7,8 +7,40 @@
  * turns into a Python exception.  Every function may be called without the
  * GIL.
  *
- * A CPU-only build links kernels/nocuda.c in place of the kernels/cuda sources: the
- * ga_cuda_* functions then exist and report GA_ERR_NO_CUDA_BUILD.
+ * The backends of the ga_cuda_* functions: kernels/cuda (a CUDA build),
+ * kernels/nocuda (a CPU-only build: each reports GA_ERR_NO_CUDA_BUILD) and
+ * kernels/sim (the simulator, a test build); kernels/entry_points.h lists
+ * them once, and the last two are written from that list.  Host code both
+ * backends share: convert.h (element conversions), walk.h (how strided
+ * tensors are walked), check.h (argument checks), activation.h (the
+ * activations' formulas).
+ *
+ * Adding an op (or an entry point), in this order:
+ *   1. here: its descriptor struct, and ga_cpu_<op> / ga_cuda_<op>
+ *      declarations that say what they compute;
+ *   2. kernels/entry_points.h: one entry for ga_cuda_<op> (its kind, its
+ *      signature, what a CPU-only build does) — kernels/nocuda follows;
+ *   3. check.c: the argument checks, when both backends take the same ones;
+ *   4. kernels/cpu/<file>.c: the CPU implementation, the oracle the CUDA
+ *      one is tested against (float64 or float accumulation as convert.h);
+ *   5. kernels/cuda/<file>.cu: the CUDA implementation (elem.cuh to load and
+ *      store elements, GA_LAUNCH / GA_CUDA_TRY from common.cuh);
+ *   6. kernels/sim/sim.c: the simulator's ga_cuda_<op> — check each
+ *      operand's memory and stream order, then call ga_sim_kernel_<op>
+ *      (a KERNEL entry point) or the fallback kernels (a LIBRARY one);
+ *   7. csrc/: parse and check the Python arguments in the op's file through
+ *      opcall.h, declare ga_py_<op> in its header, and add it to module.c's
+ *      method table with a text signature (csrc/README.md);
+ *   8. gpuaccel/_api.py: export it; gpuaccel/torch.py when torch modules
+ *      use it;
+ *   9. tests/ops.py: one registry entry (sample inputs, references, dtypes),
+ *      which the suites draw from; tests/cudacpu/driver.cpp to run its CUDA
+ *      kernels on the CPU (tests/test_kernels_on_cpu.py); tests/README.md
+ *      maps sources to tests;
+ *  10. benchmarks/: side by side with torch.
+ * An activation is added in activation.h (formula and derivative, one
+ * source for both backends), ga_activation below, the libraries' epilogue
+ * maps (cuda/matmul.cu, cuda/conv.cu) and tests/ops.py's activation list.
  */
 #ifndef GPUACCEL_KERNELS_H
 #define GPUACCEL_KERNELS_H
@@ -218,6 +250,9 @@ ga_status ga_cuda_stream_wait_event(int device, ga_stream stream, ga_event event
 ga_status ga_cuda_stream_wait_stream(int consumer_device, ga_stream consumer, int producer_device,
                                      ga_stream producer);
 
+/* 1 when work queued on `stream` is being captured into a CUDA graph. */
+ga_status ga_cuda_stream_capturing(ga_stream stream, int *capturing);
+
 ga_status ga_cuda_event_create(int device, int timing, ga_event *out);
 ga_status ga_cuda_event_destroy(int device, ga_event event);
 ga_status ga_cuda_event_record(int device, ga_event event, ga_stream stream);
@@ -242,7 +277,7 @@ ga_status ga_cuda_memcpy_async(int device, void *dst, const void *src, size_t si
                                ga_stream stream);
 /* The host is about to read (write 0) or write (write 1) `size` bytes of
  * pinned memory at `ptr`, having waited for the GPU work that uses them.
- * Nothing to do for the CUDA runtime; the simulator (kernels/sim.c) checks
+ * Nothing to do for the CUDA runtime; the simulator (kernels/sim/sim.c) checks
  * that the wait happened and fails the call when it did not. */
 ga_status ga_cuda_host_access(const void *ptr, size_t size, int write);
 /* Where a pointer lives: *kind 0 unregistered host, 1 pinned host, 2 device,
@@ -256,7 +291,43 @@ ga_status ga_cuda_fill(int device, const ga_tensor *dst, ga_scalar value, ga_str
 
 /* ======================================================== matmul / linear */
 
-typedef enum { GA_ACT_NONE = 0, GA_ACT_RELU = 1, GA_ACT_GELU = 2 } ga_activation;
+/* The activations a fused op applies (kernels/activation.h has their
+ * formulas).  GA_ACT_GELU is the exact (erf) GELU of nn.GELU();
+ * GA_ACT_GELU_TANH its tanh approximation, the only GELU cuBLASLt's
+ * epilogues know. */
+typedef enum {
+    GA_ACT_NONE = 0,
+    GA_ACT_RELU,
+    GA_ACT_GELU,
+    GA_ACT_GELU_TANH,
+    GA_ACT_SILU,
+    GA_ACT_HARDSWISH,
+    GA_ACT_SIGMOID,
+    GA_ACT_COUNT
+} ga_activation;
+
+/* The name the Python API takes for an activation ("none" for
+ * GA_ACT_NONE, "?" for no activation at all). */
+static inline const char *ga_activation_name(ga_activation act)
+{
+    static const char *const names[GA_ACT_COUNT] = {"none", "relu",      "gelu",   "gelu_tanh",
+                                                    "silu", "hardswish", "sigmoid"};
+    return act >= GA_ACT_NONE && act < GA_ACT_COUNT ? names[act] : "?";
+}
+
+GA_HD int ga_activation_is_valid(ga_activation act)
+{
+    return act >= GA_ACT_NONE && act < GA_ACT_COUNT;
+}
+
+/* Whether the derivative can be taken from the activation's output y
+ * (relu: y > 0 exactly when z > 0), so that a layer keeps y instead of
+ * saving the pre-activation z as well; every other activation's
+ * derivative reads z. */
+GA_HD int ga_activation_grad_reads_output(ga_activation act)
+{
+    return act == GA_ACT_RELU;
+}
 
 /* A batch of matrices: element (b, i, j) lives at
  *   data + (b * batch_stride + i * row_stride + j * col_stride) * itemsize
@@ -294,7 +365,7 @@ typedef struct {
     ga_activation activation;
     ga_matrix preact;          /* written when .data is set; D's dtype */
     ga_activation dact;        /* GA_ACT_NONE: no backward epilogue */
-    ga_matrix dact_aux;        /* M x N: z (gelu, relu) or y = relu(z) (relu) */
+    ga_matrix dact_aux;        /* M x N: z, or y = relu(z) for relu */
     void *col_sums;            /* N values, or NULL */
     ga_dtype col_sums_dtype;   /* float32 or D's dtype */
     void *a_row_sums;          /* M values, or NULL */
@@ -308,7 +379,7 @@ typedef struct {
  * first four are limits the library documents (or gpuaccel's own rules)
  * and are only counted; from GA_FALLBACK_NO_ENGINE on, something that
  * should have run did not — a possible bug, a broken installation, or a
- * far slower kernel — and csrc/ops.c applies the fallback policy (allow,
+ * far slower kernel — and csrc/fallback.c applies the fallback policy (allow,
  * warn, raise) to them. */
 typedef enum {
     GA_FALLBACK_NONE = 0,
@@ -538,8 +609,6 @@ void ga_cpu_logger_reset_window(void *state, int max_metrics, int64_t capacity, 
 ga_status ga_cuda_logger_update(int device, const ga_logger_update *u, ga_stream stream);
 ga_status ga_cuda_logger_reset_window(int device, void *state, int max_metrics, int64_t capacity,
                                       int64_t first_step, int64_t nsteps, ga_stream stream);
-/* 1 when work queued on `stream` is being captured into a CUDA graph. */
-ga_status ga_cuda_stream_capturing(ga_stream stream, int *capturing);
 
 /* ======================================================= profiler ranges */
 
@@ -550,6 +619,15 @@ ga_status ga_cuda_stream_capturing(ga_stream stream, int *capturing);
  * CPU-only build.  Costs an indirect call when no tool listens. */
 void ga_cuda_range_push(const char *name);
 void ga_cuda_range_pop(void);
+
+/* Every ga_cuda_* function above, listed once (the CPU-only and simulator
+ * backends are written from the list); declared again from the list, so
+ * that an entry that does not match its declaration above does not
+ * compile. */
+#include "entry_points.h"
+#define GA_DECLARE_CUDA_ENTRY_POINT(kind, ret, name, params, ...) ret ga_cuda_##name params;
+GA_CUDA_ENTRY_POINTS(GA_DECLARE_CUDA_ENTRY_POINT)
+#undef GA_DECLARE_CUDA_ENTRY_POINT
 
 #ifdef __cplusplus
 }

@@ -38,7 +38,7 @@ def seed_for(nodeid):
 
 
 def simulated():
-    """True for a simulator build (GPUACCEL_SIM=1, kernels/sim.c): its
+    """True for a simulator build (GPUACCEL_SIM=1, kernels/sim/sim.c): its
     devices are simulated GPUs backed by host memory."""
     try:
         return gpuaccel.cuda_available() and gpuaccel.device_properties(0)["name"].startswith(

@@ -22,6 +22,7 @@ import glob
 import math
 import os
 import re
+import warnings
 
 import numpy as np
 
@@ -63,35 +64,41 @@ class ActivationMath:
     """One activation function: `forward` and `derivative` on float64 NumPy
     arrays (at a kink, the derivative is torch's one-sided choice, as
     autograd computes it), the torch form (a differentiable callable of a
-    tensor), `max_slope` an upper bound of |derivative| (tolerances that
-    scale with it), `kinks` the points where the derivative jumps (gradient
-    checks keep away from them)."""
+    tensor) and the nn.Module a model uses for it, `max_slope` an upper
+    bound of |derivative| (tolerances that scale with it), `kinks` the
+    points where the derivative jumps (gradient checks keep away from
+    them)."""
 
-    def __init__(self, forward, derivative, torch_form, max_slope, kinks=()):
-        self.forward, self.derivative, self._torch_form = forward, derivative, torch_form
+    def __init__(self, forward, derivative, torch_form, module, max_slope, kinks=()):
+        self.forward, self.derivative, self._torch_form, self._module = forward, derivative, torch_form, module
         self.max_slope, self.kinks = max_slope, kinks
 
     def torch(self, z):
         return self._torch_form(_torch(), z)
 
+    def module(self):
+        return self._module(_torch().nn)
+
 
 ACTIVATION_MATH = {
-    "identity": ActivationMath(lambda z: z, np.ones_like, lambda torch, z: z, 1.0),
+    "identity": ActivationMath(lambda z: z, np.ones_like, lambda torch, z: z, lambda nn: nn.Identity(), 1.0),
     "relu": ActivationMath(lambda z: np.maximum(z, 0.0), lambda z: (z > 0).astype(np.float64),
-                           lambda torch, z: torch.relu(z), 1.0, kinks=(0.0,)),
+                           lambda torch, z: torch.relu(z), lambda nn: nn.ReLU(), 1.0, kinks=(0.0,)),
     "gelu_tanh": ActivationMath(_gelu_tanh, _gelu_tanh_grad,
-                                lambda torch, z: torch.nn.functional.gelu(z, approximate="tanh"), 1.2),
+                                lambda torch, z: torch.nn.functional.gelu(z, approximate="tanh"),
+                                lambda nn: nn.GELU(approximate="tanh"), 1.13),
     "gelu_erf": ActivationMath(
         lambda z: 0.5 * z * (1 + _erf(z / math.sqrt(2.0))),
         lambda z: 0.5 * (1 + _erf(z / math.sqrt(2.0))) + z * np.exp(-0.5 * z * z) / math.sqrt(2 * math.pi),
-        lambda torch, z: torch.nn.functional.gelu(z), 1.2),
+        lambda torch, z: torch.nn.functional.gelu(z), lambda nn: nn.GELU(), 1.13),
     "sigmoid": ActivationMath(_sigmoid, lambda z: _sigmoid(z) * (1 - _sigmoid(z)),
-                              lambda torch, z: torch.sigmoid(z), 0.25),
+                              lambda torch, z: torch.sigmoid(z), lambda nn: nn.Sigmoid(), 0.25),
     "silu": ActivationMath(lambda z: z * _sigmoid(z), lambda z: _sigmoid(z) * (1 + z * (1 - _sigmoid(z))),
-                           lambda torch, z: torch.nn.functional.silu(z), 1.1),
+                           lambda torch, z: torch.nn.functional.silu(z), lambda nn: nn.SiLU(), 1.1),
     "hardswish": ActivationMath(lambda z: z * np.clip(z + 3, 0, 6) / 6,
                                 lambda z: np.where(z <= -3, 0.0, np.where(z < 3, z / 3 + 0.5, 1.0)),
-                                lambda torch, z: torch.nn.functional.hardswish(z), 1.5, kinks=(-3.0, 3.0)),
+                                lambda torch, z: torch.nn.functional.hardswish(z), lambda nn: nn.Hardswish(), 1.5,
+                                kinks=(-3.0, 3.0)),
 }
 
 
@@ -106,9 +113,13 @@ class Activation:
     None (nothing: the gradient passes through), "output" (y itself, which
     determines the derivative; the backward takes y= or preactivation=) or
     "preactivation" (z = x @ w.T + b, the backward needs preactivation=).
-    cudnn_mode: the cuDNN pointwise mode of a fused conv graph.
+    cudnn_mode: the cuDNN pointwise mode of a fused conv graph
+    (kernels/cuda/cudnn_graph.cu's activation_mode), None where cuDNN has
+    none: conv.cu then never builds the fused graph and takes the split
+    route (conv + bias in cuDNN, the activation in gpuaccel's kernel).
     cublaslt: the stem of its cuBLASLt epilogues (CUBLASLT_EPILOGUE_<stem>_BIAS
-    ...), None where cuBLASLt has none."""
+    ...), None where cuBLASLt has none (matmul.cu runs the plain GEMM and
+    gpuaccel's epilogue kernel)."""
 
     def __init__(self, name, math_name, kernel_enum, saves, cudnn_mode, cublaslt):
         self.name, self.label = name, name or "none"
@@ -131,6 +142,10 @@ class Activation:
     def torch(self, z):
         """The activation of a torch tensor, differentiable by autograd."""
         return self.math.torch(z)
+
+    def module(self):
+        """The nn.Module a model uses for it (a new one each call)."""
+        return self.math.module()
 
     @property
     def exact_gradient(self):
@@ -158,16 +173,24 @@ class Activation:
 ACTIVATIONS = {act.name: act for act in [
     Activation(None, "identity", "GA_ACT_NONE", None, None, None),
     Activation("relu", "relu", "GA_ACT_RELU", "output", "CUDNN_POINTWISE_RELU_FWD", "RELU"),
-    Activation("gelu", "gelu_tanh", "GA_ACT_GELU", "preactivation", "CUDNN_POINTWISE_GELU_APPROX_TANH_FWD", "GELU"),
+    Activation("gelu", "gelu_erf", "GA_ACT_GELU", "preactivation", "CUDNN_POINTWISE_GELU_FWD", None),
+    Activation("gelu_tanh", "gelu_tanh", "GA_ACT_GELU_TANH", "preactivation", "CUDNN_POINTWISE_GELU_APPROX_TANH_FWD",
+               "GELU"),
+    Activation("silu", "silu", "GA_ACT_SILU", "preactivation", "CUDNN_POINTWISE_SWISH_FWD", None),
+    Activation("hardswish", "hardswish", "GA_ACT_HARDSWISH", "preactivation", None, None),
+    Activation("sigmoid", "sigmoid", "GA_ACT_SIGMOID", "preactivation", "CUDNN_POINTWISE_SIGMOID_FWD", None),
 ]}
 ACTIVATION_NAMES = list(ACTIVATIONS)
+# other names the ops take for a registered activation (csrc/opcall.c's
+# table): the exact GELU by a name that never warns that "gelu" changed
+ACTIVATION_ALIASES = {"gelu_erf": "gelu"}
 # the activations that take a slope other than 0 or 1 (their gradient rounds)
 SMOOTH_ACTIVATIONS = [name for name, act in ACTIVATIONS.items() if not act.exact_gradient]
 
 
 def activation(name):
-    """The Activation of a public name or label ("none" for None)."""
-    return ACTIVATIONS[None if name == "none" else name]
+    """The Activation of a public name, alias or label ("none" for None)."""
+    return ACTIVATIONS[None if name == "none" else ACTIVATION_ALIASES.get(name, name)]
 
 
 def act_ref(z, name):
@@ -182,15 +205,18 @@ def torch_act(z, name):
     return activation(name).torch(z)
 
 
-_NOT_ACTIVATIONS = ["Relu", "tanh", "sigmoid", "swish", "elu", "", "none ", "None", 0, 1.5, b"relu", ("relu",),
-                    "\ud800"]
+# near misses of real names among them: another case, torch's spellings of
+# other functions, an exact GELU by a name gpuaccel does not take
+_NOT_ACTIVATIONS = ["Relu", "tanh", "swish", "elu", "GELU", "gelu_exact", "", "none ", "None", 0, 1.5, b"relu",
+                    ("relu",), "\ud800"]
 _WITH_NUL = ["gelu\0", "relu\0junk"]
 
 
 def invalid_activations(embedded_nul=True):
     """Values that are not an activation (spellings close to real ones among
     them); `embedded_nul`: also names with a NUL inside."""
-    return [v for v in _NOT_ACTIVATIONS + (_WITH_NUL if embedded_nul else []) if v not in ACTIVATIONS]
+    return [v for v in _NOT_ACTIVATIONS + (_WITH_NUL if embedded_nul else [])
+            if v not in ACTIVATIONS and v not in ACTIVATION_ALIASES]
 
 
 def kernel_enums():
@@ -884,24 +910,24 @@ LOGGER_TOLERANCE = {dtype: (1e-12, 1e-12) for dtype in ga.DTYPES}
 
 OPS = {op.name: op for op in [
     OpInfo("matmul", lambda *a, **k: ga.matmul(*a, **k), matmul_samples, matmul_reference, FLOAT_DTYPES,
-           MATMUL_TOLERANCE, ["csrc/matmul.c", "kernels/cpu/matmul.c", "kernels/cpu/activation.c",
+           MATMUL_TOLERANCE, ["csrc/matmul.c", "kernels/cpu/matmul.c", "kernels/cpu/epilogue.c",
                               "kernels/cuda/matmul.cu", "kernels/cuda/matmul_unfused.cu", "kernels/cuda/epilogue.cu"],
            activations=ACTIVATION_NAMES),
     OpInfo("linear", lambda *a, **k: ga.linear(*a, **k), linear_samples, linear_reference, FLOAT_DTYPES,
-           MATMUL_TOLERANCE, ["csrc/matmul.c", "kernels/cpu/matmul.c", "kernels/cpu/activation.c",
+           MATMUL_TOLERANCE, ["csrc/matmul.c", "kernels/cpu/matmul.c", "kernels/cpu/epilogue.c",
                               "kernels/cuda/matmul.cu", "kernels/cuda/epilogue.cu"],
            activations=ACTIVATION_NAMES),
     OpInfo("linear_backward", lambda *a, **k: ga.linear_backward(*a, **k), linear_backward_samples,
            linear_backward_reference, FLOAT_DTYPES, MATMUL_TOLERANCE,
-           ["csrc/matmul.c", "kernels/cpu/matmul.c", "kernels/cpu/activation.c", "kernels/cuda/matmul.cu",
+           ["csrc/matmul.c", "kernels/cpu/matmul.c", "kernels/cpu/epilogue.c", "kernels/cuda/matmul.cu",
             "kernels/cuda/epilogue.cu"], activations=ACTIVATION_NAMES),
     OpInfo("conv2d", lambda *a, **k: ga.conv2d(*a, **k), conv2d_samples, conv2d_reference, FLOAT_DTYPES,
-           CONV_TOLERANCE, ["csrc/conv.c", "kernels/cpu/conv.c", "kernels/cpu/activation.c", "kernels/cuda/conv.cu",
+           CONV_TOLERANCE, ["csrc/conv.c", "kernels/cpu/conv.c", "kernels/cpu/epilogue.c", "kernels/cuda/conv.cu",
                             "kernels/cuda/conv_direct.cu", "kernels/cuda/epilogue.cu"],
            activations=ACTIVATION_NAMES, layouts=LAYOUTS),
     OpInfo("conv2d_backward", lambda *a, **k: ga.conv2d_backward(*a, **k), conv2d_backward_samples,
            conv2d_backward_reference, FLOAT_DTYPES, CONV_TOLERANCE,
-           ["csrc/conv.c", "kernels/cpu/conv.c", "kernels/cpu/activation.c", "kernels/cuda/conv.cu",
+           ["csrc/conv.c", "kernels/cpu/conv.c", "kernels/cpu/epilogue.c", "kernels/cuda/conv.cu",
             "kernels/cuda/conv_direct.cu", "kernels/cuda/epilogue.cu"],
            activations=ACTIVATION_NAMES, layouts=LAYOUTS),
     OpInfo("astype", lambda x, dtype: x.astype(dtype), astype_samples,
@@ -932,17 +958,22 @@ def samples_of(op, rng, dtypes=None):
 def op_calls(rng, dtypes=("float32",), extra_dtypes=("float16",)):
     """[(id, op, sample)]: every op's samples in each of `dtypes` it takes,
     and the samples only `extra_dtypes` have (the float16 -> float32
-    matmul): the lists the fault and leak tests run."""
+    matmul): the lists the fault and leak tests run.  They are made while
+    pytest collects, outside conftest's filter: the registry asks for
+    "gelu" in its present meaning, so the one-time notice that it once
+    meant the tanh form is hidden here too (test_activations.py tests it)."""
     calls = []
-    for op in OPS.values():
-        names = set()
-        for dtype in [d for d in dtypes if d in op.dtypes]:
-            for s in op.samples(rng, dtype):
-                names.add(s.name)
-                calls.append(("%s-%s-%s" % (op.name, s.name, dtype), op, s))
-        for dtype in [d for d in extra_dtypes if d in op.dtypes]:
-            for s in op.samples(rng, dtype):
-                if s.name not in names:
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=ga.GeluChangedWarning)
+        for op in OPS.values():
+            names = set()
+            for dtype in [d for d in dtypes if d in op.dtypes]:
+                for s in op.samples(rng, dtype):
                     names.add(s.name)
                     calls.append(("%s-%s-%s" % (op.name, s.name, dtype), op, s))
+            for dtype in [d for d in extra_dtypes if d in op.dtypes]:
+                for s in op.samples(rng, dtype):
+                    if s.name not in names:
+                        names.add(s.name)
+                        calls.append(("%s-%s-%s" % (op.name, s.name, dtype), op, s))
     return calls

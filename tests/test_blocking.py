@@ -3,7 +3,7 @@ whole outputs compared with float64 references (NumPy/torch).
 
 The boundaries (kernels/cpu): matmul.c blocks a GEMM in MC = 144 rows,
 KC = 256 of the reduced dimension and NC = 512 columns, and sums rows in
-blocks of ROW_SUM_BLOCK = 256; activation.c reduces a bias gradient in at
+blocks of ROW_SUM_BLOCK = 256; epilogue.c reduces a bias gradient in at
 most 64 chunks of about 65536 / C rows each and in channel blocks of
 SEG = 256 (channels innermost) or 1 + 65536 / chunk rows; conv.c splits the
 im2col buffer into units of 8 MiB (filter gradient: partial sums of at most

@@ -124,7 +124,7 @@ def test_out_and_needs_flags(rng):
         (dict(stride=0), ValueError, "stride must be an int >= 1"),
         (dict(padding=-1), ValueError, "padding must be an int >= 0"),
         (dict(dilation=(1, 2, 3)), ValueError, "dilation"),
-        (dict(activation=invalid_activations()[4]), ValueError, "activation"),
+        (dict(activation=invalid_activations()[3]), ValueError, "activation"),
         (dict(layout="NDHWC"), ValueError, "layout"),
         (dict(dilation=4), ValueError, "output height would be empty"),
         (dict(groups=0), ValueError, "groups must be an int from 1"),
@@ -144,10 +144,15 @@ def test_shape_errors():
     with pytest.raises(ValueError, match="bias must have shape \\(6,\\) \\(the output channels\\), "
                                          "got shape \\(5,\\)"):
         ga.conv2d(ga.zeros((1, 4, 6, 6)), ga.zeros((6, 4, 3, 3)), ga.zeros(5))
-    for name in SMOOTH_ACTIVATIONS:  # those whose backward needs the pre-activation
-        with pytest.raises(ValueError, match="%s.*needs preactivation" % name):
+    for name in SMOOTH_ACTIVATIONS:  # those whose backward needs the pre-activation: y is not enough
+        with pytest.raises(ValueError, match="activation='%s' needs preactivation" % name):
             ga.conv2d_backward(ga.zeros((1, 6, 4, 4)), ga.zeros((1, 4, 6, 6)), ga.zeros((6, 4, 3, 3)),
-                               activation=name)
+                               activation=name, y=ga.zeros((1, 6, 4, 4)))
+    for act in ACTIVATIONS.values():
+        if act.saves == "output":  # relu: y or the pre-activation
+            with pytest.raises(ValueError, match="activation='%s' needs y .*or preactivation" % act.name):
+                ga.conv2d_backward(ga.zeros((1, 6, 4, 4)), ga.zeros((1, 4, 6, 6)), ga.zeros((6, 4, 3, 3)),
+                                   activation=act.name)
     with pytest.raises(ValueError, match="grad_y .* must be the forward output's shape"):
         ga.conv2d_backward(ga.zeros((1, 6, 5, 4)), ga.zeros((1, 4, 6, 6)), ga.zeros((6, 4, 3, 3)))
     with pytest.raises(TypeError, match="share one dtype"):

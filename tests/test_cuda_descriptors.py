@@ -204,7 +204,10 @@ GEOMETRIES = [
 
 # (bias, activation, preact): every forward epilogue gpuaccel fuses: a bias
 # alone, and each activation with and without a bias and a saved
-# pre-activation
+# pre-activation.  An activation cuDNN has no pointwise mode for
+# (hardswish) never gets a fused graph in conv.cu: its cases check the
+# graphs it does get, the split graph (conv + bias) and the conv alone, and
+# that the fused graph is refused, not built wrong.
 EPILOGUES = [(True, "none", preact) for preact in (False, True)] + [
     (bias, act.label, preact) for act in ACTIVATIONS.values() if act.name
     for bias, preact in ((False, False), (True, False), (True, True), (False, True))]
@@ -247,7 +250,15 @@ class ConvCase:
 
     @property
     def fused(self):
+        """Whether the forward has an epilogue: the probe then also builds
+        the fused graph."""
         return self.op == "fwd" and (self.bias or self.act != "none")
+
+    @property
+    def fusable(self):
+        """Whether cuDNN has a pointwise mode for the activation (conv.cu
+        tries the fused graph only then)."""
+        return self.act == "none" or activation(self.act).cudnn_mode is not None
 
 
 def conv_cases():
@@ -466,6 +477,7 @@ def engine_report(versions, rows):
 @pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
 def test_conv_graphs_describe_the_convolution(conv_replies, cudnn_enums, capsys):
     versions, replies = conv_replies
+    ga_errors = header_enums(os.path.join(ROOT, "kernels", "kernels.h"))
     rows, failures = [], []
     for case in CONV_CASES:
         reply = replies[case.name]
@@ -475,6 +487,13 @@ def test_conv_graphs_describe_the_convolution(conv_replies, cudnn_enums, capsys)
         split = case.op == "fwd" and case.bias and case.act != "none"
         assert kinds == ["conv"] + ["fused"] * case.fused + ["split"] * split, case.name
         for graph in reply["graphs"]:
+            if graph["kind"] == "fused" and not case.fusable:
+                # conv.cu never asks for it; built anyway, it is refused as unsupported
+                st = graph["status"]
+                refused = st is not None and st["error"] == ga_errors["GA_ERR_NOT_SUPPORTED"]
+                if not (refused and "no pointwise mode" in st["message"]):
+                    failures.append("%s fused graph without a cuDNN mode: %s" % (case.name, st))
+                continue
             if graph["status"] is not None:
                 failures.append("%s %s graph: %s" % (case.name, graph["kind"], graph["status"]))
                 continue
@@ -490,16 +509,16 @@ def test_conv_graphs_describe_the_convolution(conv_replies, cudnn_enums, capsys)
     # engines for every plain convolution gpuaccel asks for
     empty = [(name, heur) for name, kind, heur in rows if kind == "conv" and not heur.get("offered")]
     assert not empty, empty
-    # issue 19 b: conv -> add -> GELU (saved pre-activation or not) fuses only
-    # on runtime-fusion engines (1-2 configs offered here); conv -> add, the
-    # split route's graph, on as many as the convolution alone
+    # the split route exists because conv -> add -> GELU (saved pre-activation
+    # or not) fuses only on runtime-fusion engines (1-2 configs offered here);
+    # conv -> add, the split route's graph, on as many as the convolution alone
     offered = {(name, kind): heur.get("offered", 0) for name, kind, heur in rows}
     for case in CONV_CASES:
         if (case.name, "split") not in offered:
             continue
         split, conv = offered[case.name, "split"], offered[case.name, "conv"]
         assert split == conv, (case.name, split, conv)
-        if case.act == "gelu" and case.dtype in ("float16", "bfloat16"):
+        if case.act == "gelu_tanh" and case.dtype in ("float16", "bfloat16"):
             assert split >= 10 and split > 4 * offered[case.name, "fused"], (case.name, offered)
 
 
@@ -575,19 +594,20 @@ def matmul_cases():
             tag = "%s-%s%s" % (dtype, "at" if a_t else "a", "bt" if b_t else "b")
             cases.append(MatmulCase(tag + "-default", dtype, "CUBLASLT_EPILOGUE_DEFAULT", a_t, b_t))
             cases.append(MatmulCase(tag + "-bias", dtype, "CUBLASLT_EPILOGUE_BIAS", a_t, b_t, bias=1))
-            cases.append(MatmulCase(tag + "-relu-bias", dtype, "CUBLASLT_EPILOGUE_RELU_BIAS", a_t, b_t, bias=1,
-                                    act="relu"))
-            cases.append(MatmulCase(tag + "-gelu-bias", dtype, "CUBLASLT_EPILOGUE_GELU_BIAS", a_t, b_t, bias=1,
-                                    act="gelu"))
+            for act in ACTIVATIONS.values():  # each activation cuBLASLt has an epilogue for
+                if act.cublaslt:
+                    cases.append(MatmulCase("%s-%s-bias" % (tag, act.label), dtype,
+                                            "CUBLASLT_EPILOGUE_%s_BIAS" % act.cublaslt, a_t, b_t, bias=1,
+                                            act=act.label))
             cases.append(MatmulCase(tag + "-gelu-aux", dtype, "CUBLASLT_EPILOGUE_GELU_AUX", a_t, b_t,
-                                    act="gelu", preact=1))
+                                    act="gelu_tanh", preact=1))
             cases.append(MatmulCase(tag + "-gelu-aux-bias", dtype, "CUBLASLT_EPILOGUE_GELU_AUX_BIAS", a_t, b_t,
-                                    bias=1, act="gelu", preact=1))
+                                    bias=1, act="gelu_tanh", preact=1))
             cases.append(MatmulCase(tag + "-dgelu-bgrad", dtype, "CUBLASLT_EPILOGUE_DGELU_BGRAD", a_t, b_t,
-                                    dact="gelu", dact_aux=1, col_sums=1))
+                                    dact="gelu_tanh", dact_aux=1, col_sums=1))
             cases.append(MatmulCase(tag + "-bgradb", dtype, "CUBLASLT_EPILOGUE_BGRADB", a_t, b_t, a_row_sums=1))
             for want, extra in [("CUBLASLT_EPILOGUE_BIAS", {"bias": 1}),
-                                ("CUBLASLT_EPILOGUE_GELU_AUX_BIAS", {"bias": 1, "act": "gelu", "preact": 1})]:
+                                ("CUBLASLT_EPILOGUE_GELU_AUX_BIAS", {"bias": 1, "act": "gelu_tanh", "preact": 1})]:
                 cases.append(MatmulCase(tag + "-batch3-" + want.split("EPILOGUE_")[1].lower(), dtype, want, a_t,
                                         b_t, batch=3, **extra))
     return cases
@@ -670,22 +690,30 @@ ROUTES = [
     ("bias-f32-for-f16", "float16", None, "GA_FALLBACK_EPILOGUE", {"bias": 1, "bias_dtype": "float32"}),
     ("bias-bf16-for-f32", "float32", None, "GA_FALLBACK_EPILOGUE", {"bias": 1, "bias_dtype": "bfloat16"}),
     ("gelu-bias-f32-for-bf16", "bfloat16", None, "GA_FALLBACK_EPILOGUE",
-     {"bias": 1, "bias_dtype": "float32", "act": "gelu"}),
+     {"bias": 1, "bias_dtype": "float32", "act": "gelu_tanh"}),
     ("bgradb-d-type", "bfloat16", "CUBLASLT_EPILOGUE_BGRADB", None, {"a_row_sums": 1}),
     ("bgradb-f32-for-bf16", "bfloat16", None, "GA_FALLBACK_EPILOGUE",
      {"a_row_sums": 1, "a_row_sums_dtype": "float32"}),
     ("dgelu-bgrad-f32-for-f16", "float16", None, "GA_FALLBACK_EPILOGUE",
-     {"dact": "gelu", "dact_aux": 1, "col_sums": 1, "col_sums_dtype": "float32"}),
+     {"dact": "gelu_tanh", "dact_aux": 1, "col_sums": 1, "col_sums_dtype": "float32"}),
     ("relu-preact", "float16", None, "GA_FALLBACK_EPILOGUE", {"bias": 1, "act": "relu", "preact": 1}),
     ("drelu", "float32", None, "GA_FALLBACK_EPILOGUE", {"dact": "relu", "dact_aux": 1}),
     ("bgradb-deterministic", "float32", None, "GA_FALLBACK_DETERMINISTIC",
      {"a_row_sums": 1, "deterministic": 1}),
     ("dgelu-bgrad-deterministic", "float16", None, "GA_FALLBACK_DETERMINISTIC",
-     {"dact": "gelu", "dact_aux": 1, "col_sums": 1, "deterministic": 1}),
+     {"dact": "gelu_tanh", "dact_aux": 1, "col_sums": 1, "deterministic": 1}),
     ("dgelu-deterministic", "float16", "CUBLASLT_EPILOGUE_DGELU", None,
-     {"dact": "gelu", "dact_aux": 1, "deterministic": 1}),
+     {"dact": "gelu_tanh", "dact_aux": 1, "deterministic": 1}),
     ("bias-deterministic", "float32", "CUBLASLT_EPILOGUE_BIAS", None, {"bias": 1, "deterministic": 1}),
 ]
+# every activation cuBLASLt has no epilogue for: the plain GEMM, then
+# gpuaccel's epilogue kernel, forward (with and without a saved
+# pre-activation) and backward
+ROUTES += [route for act in ACTIVATIONS.values() if act.name and not act.cublaslt for route in [
+    ("%s-bias" % act.label, "float32", None, "GA_FALLBACK_EPILOGUE", {"bias": 1, "act": act.label}),
+    ("%s-preact" % act.label, "float16", None, "GA_FALLBACK_EPILOGUE", {"act": act.label, "preact": 1}),
+    ("d%s" % act.label, "bfloat16", None, "GA_FALLBACK_EPILOGUE", {"dact": act.label, "dact_aux": 1}),
+]]
 
 
 @pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
@@ -738,8 +766,8 @@ def test_cudnn_refusals_become_fallback_reasons(reasons):
 @pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
 def test_a_capturing_call_of_a_cold_problem_is_refused_before_any_setup():
     # no device here: cudaStreamIsCapturing cannot tell, which conv.cu treats
-    # as a capture (issue 19 f)
-    cases = [ConvCase("cap-fwd", "float16", "nhwc", "fwd", GEOMETRIES[0], bias=True, act="gelu"),
+    # as a capture, so nothing that tunes may run
+    cases = [ConvCase("cap-fwd", "float16", "nhwc", "fwd", GEOMETRIES[0], bias=True, act="gelu_tanh"),
              ConvCase("cap-dgrad", "float32", "nchw", "bwd_data", GEOMETRIES[1]),
              ConvCase("cap-wgrad", "bfloat16", "nhwc", "bwd_filter", GEOMETRIES[3])]
     _, replies = run_probe([c.line() + " run=1" for c in cases])
@@ -759,7 +787,7 @@ def test_a_capturing_call_of_a_cold_problem_is_refused_before_any_setup():
 def test_a_problem_cached_as_direct_runs_without_cudnn_even_when_capturing():
     # the direct kernels need no cuDNN handle: none is created (cudnnCreate,
     # which fails here without a device, would allocate inside a capture)
-    cases = [ConvCase("direct-fwd", "float16", "nhwc", "fwd", GEOMETRIES[0], bias=True, act="gelu"),
+    cases = [ConvCase("direct-fwd", "float16", "nhwc", "fwd", GEOMETRIES[0], bias=True, act="gelu_tanh"),
              ConvCase("direct-wgrad", "float32", "nchw", "bwd_filter", GEOMETRIES[1])]
     _, replies = run_probe([c.line() + " run=1 cached=direct" for c in cases])
     for case, reply in zip(cases, replies):
@@ -771,7 +799,7 @@ def test_a_problem_cached_as_direct_runs_without_cudnn_even_when_capturing():
 
 @pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
 def test_a_search_is_bounded_across_both_heuristic_modes():
-    # issue 19 e: a first call finalizes (and may compile) at most 12 configs in all,
+    # first-call latency: a search finalizes (and may compile) at most 12 configs in all,
     # stops at the plans it can use (6 timed; 2 when deterministic, untimed)
     lines = ["probe=search_budget id=b%d deterministic=%d yield=%d" % (i, det, y)
              for i, (det, y) in enumerate([(0, 1), (1, 1), (0, 0), (1, 0)])]
@@ -781,7 +809,7 @@ def test_a_search_is_bounded_across_both_heuristic_modes():
 
 @pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
 def test_persisted_choices_name_their_route():
-    # the tuning file's strings: the split route (issue 19 b) is kept apart from the others
+    # the tuning file's strings: the split route is kept apart from the others
     texts = {"eng12:k1=0,k3=2": 0, "unfused:eng3": 1, "direct": 2, "split:eng7:k2=1": 3}
     bad = ["split:", "split:direct", "eng", "fused:eng1", "eng1:k2", "split:eng-1"]
     lines = ["probe=choice id=c%d text=%s" % (i, t) for i, t in enumerate(list(texts) + bad)]

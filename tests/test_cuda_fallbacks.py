@@ -1,8 +1,8 @@
 """The fallback policy: what a CUDA op does when cuBLASLt or cuDNN did not run
-the call gpuaccel asked for (issue 19, item c).
+the call gpuaccel asked for.
 
 kernels/cuda reports why (ga_fallback_reason, with the library's status and
-message); csrc/ops.c counts every reason in matmul_stats()/conv_stats() and,
+message); csrc/fallback.c counts every reason in matmul_stats()/conv_stats() and,
 for the reasons that may hide a bug or a broken installation, warns once per op
 and reason, raises FallbackError, or stays silent, as set_fallback_policy() or
 GPUACCEL_FALLBACK says.  Which reason kernels/cuda/matmul.cu gives for which

@@ -4,7 +4,7 @@ how Nsight Systems names the work each call queued.
 The ranges are read the way Nsight reads them: through an NVTX injection
 library (NVTX_INJECTION64_PATH) built here from the CUDA toolkit's header,
 which records every push and pop of a child process that runs the ops,
-the loader and the logger on a GPU (real, or the simulator's: kernels/sim.c
+the loader and the logger on a GPU (real, or the simulator's: kernels/sim/sim.c
 opens the same NVTX ranges as kernels/cuda/runtime.cu)."""
 
 import collections

@@ -79,11 +79,11 @@ SANITIZER_FLAGS = {
 
 
 def backend_c_sources():
-    """The CPU backend (kernels/cpu) and the C shared by both backends
-    (kernels/*.c), without the other backends (no CUDA, the simulator)."""
-    shared = [f for f in glob.glob(os.path.join(ROOT, "kernels", "*.c"))
-              if os.path.basename(f) not in ("nocuda.c", "sim.c")]
-    return sorted(glob.glob(os.path.join(ROOT, "kernels", "cpu", "*.c"))) + sorted(shared)
+    """The CPU backend (kernels/cpu) and the C shared by the backends
+    (kernels/*.c; the CPU-only stand-ins and the simulator live in
+    kernels/nocuda and kernels/sim)."""
+    return sorted(glob.glob(os.path.join(ROOT, "kernels", "cpu", "*.c"))) + sorted(
+        glob.glob(os.path.join(ROOT, "kernels", "*.c")))
 
 
 def build_driver(variant):
@@ -352,8 +352,11 @@ def copy_cases(rng):
 def bias_act_cases(rng):
     cases = []
     combos = [("float32", "float32", "float32", "gelu"), ("float16", "float16", "float32", "relu"),
-              ("bfloat16", "bfloat16", "bfloat16", "gelu"), ("float64", "float64", "float64", "gelu"),
-              ("float32", "float16", "float64", "none"), ("float16", "bfloat16", "float16", "gelu")]
+              ("bfloat16", "bfloat16", "bfloat16", "gelu_tanh"), ("float64", "float64", "float64", "gelu"),
+              ("float32", "float16", "float64", "none"), ("float16", "bfloat16", "float16", "silu"),
+              ("float64", "float64", "float64", "hardswish"), ("float32", "bfloat16", "float32", "sigmoid"),
+              ("float32", "float32", "float32", "silu"), ("float64", "float64", "float64", "sigmoid"),
+              ("float16", "float16", "float16", "hardswish"), ("float64", "float64", "float64", "gelu_tanh")]
     combos = with_every_activation(combos, 3, combos[:1])
     for k, (x_dtype, y_dtype, b_dtype, act) in enumerate(combos):
         shape, channel_dim = [((3, 37, 29), 2), ((2, 5, 7, 9), 1), ((301,), 0)][k % 3]
@@ -414,6 +417,14 @@ def act_backward_cases(rng):
         ("tile8", (69, 77), 1, ("bfloat16", "bfloat16", "bfloat16", "bfloat16"), "none", "bgrad_tile_kernel"),
         ("tile16", (65, 2049), 1, ("float32", "float32", "float32", "float32"), "relu", "bgrad_tile_kernel"),
         ("tile32", (65, 4099), 1, ("float64", "float64", "float64", "float64"), "none", "bgrad_tile_kernel"),
+        ("elementwise", (3, 37, 29), None, ("float64", "float64", "float64", None), "gelu_tanh", None),
+        ("elementwise", (4, 33), None, ("float32", "float32", "float32", None), "silu", None),
+        ("elementwise", (301,), None, ("float64", "float64", "float64", None), "hardswish", None),
+        ("elementwise", (5, 7, 9), None, ("bfloat16", "float32", "bfloat16", None), "sigmoid", None),
+        ("thread", (9, 7, 3), 1, ("float64", "float64", "float64", "float64"), "silu", None),
+        ("block", (2, 3, 9, 13), 1, ("float32", "float32", "float32", "float32"), "hardswish", None),
+        ("tile8", (67, 101), 1, ("float64", "float64", "float64", "float64"), "sigmoid", None),
+        ("tile8", (33, 45), 1, ("float16", "float16", "float16", "float32"), "gelu_tanh", None),
     ]
     plans = with_every_activation(plans, 4, [plans[0], plans[7], plans[11]])
     for k, (kind, shape, channel_dim, (g_dtype, a_dtype, dz_dtype, bg_dtype), act, limit) in enumerate(plans):
@@ -483,6 +494,14 @@ def matmul_cases(rng):
         ("bfloat16", "bfloat16", 1, 41, 23, 18, "a_row_sums"),
         ("float16", "float16", 2, 17, 16, 33, "dact_gelu"),
         ("float32", "float32", 1, 29, 0, 21, "col_sums"),
+        ("float64", "float64", 2, 23, 19, 27, "bias_silu_preact"),
+        ("float32", "float32", 1, 31, 21, 17, "bias_hardswish"),
+        ("bfloat16", "float32", 2, 13, 29, 19, "bias_sigmoid_preact"),
+        ("float64", "float64", 1, 25, 18, 22, "bias_gelu_tanh"),
+        ("float32", "float32", 2, 19, 17, 23, "dact_silu_col_sums"),
+        ("float64", "float64", 1, 21, 13, 29, "dact_hardswish"),
+        ("float64", "float64", 1, 17, 22, 15, "dact_sigmoid_col_sums"),
+        ("float32", "float32", 2, 15, 31, 18, "dact_gelu_tanh"),
     ]
     plans += [extra for label in LABELS if label != "none" and not any(epilogue_act(p[6]) == label for p in plans)
               for extra in [("float32", "float32", 2, 37, 45, 29, "bias_%s_preact" % label),
@@ -572,6 +591,10 @@ def conv_cases(rng):
         ("float64", 1, 4, 7, 8, 6, 3, 2, (1, 2), (0, 1), (2, 1), 2, "relu", True),
         ("float16", 2, 6, 6, 7, 3, 2, 3, (1, 1), (1, 0), (1, 2), 3, "none", False),
         ("bfloat16", 1, 2, 8, 5, 4, 3, 3, (2, 2), (1, 1), (1, 1), 1, "gelu", True),
+        ("float64", 2, 3, 7, 6, 4, 3, 3, (1, 1), (1, 1), (1, 1), 1, "silu", False),
+        ("float32", 1, 4, 9, 7, 4, 3, 2, (2, 1), (1, 1), (1, 2), 2, "hardswish", True),
+        ("float64", 1, 3, 6, 9, 6, 2, 3, (1, 2), (0, 1), (1, 1), 3, "sigmoid", False),
+        ("float32", 2, 2, 5, 8, 3, 3, 3, (1, 1), (2, 1), (2, 1), 1, "gelu_tanh", True),
     ]
     plans = with_every_activation(plans, 12, plans[:1])
     for k, (dtype, N, C, H, W, K, R, S, stride, padding, dilation, groups, act, last) in enumerate(plans):

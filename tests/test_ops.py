@@ -12,7 +12,16 @@ import pytest
 
 import gpuaccel as ga
 
-from ops import ACTIVATION_MATH, ACTIVATIONS, OPS, ROOT, activation, invalid_activations, kernel_enums
+from ops import (
+    ACTIVATION_ALIASES,
+    ACTIVATION_MATH,
+    ACTIVATIONS,
+    OPS,
+    ROOT,
+    activation,
+    invalid_activations,
+    kernel_enums,
+)
 
 torch = pytest.importorskip("torch")
 
@@ -91,6 +100,87 @@ def test_every_kernel_activation_is_registered():
     assert {act.kernel_enum for act in ACTIVATIONS.values()} == set(enums), enums
     assert len(set(enums.values())) == len(enums)
     assert [act.code for act in ACTIVATIONS.values()] == [enums[act.kernel_enum] for act in ACTIVATIONS.values()]
+
+
+def _source(path):
+    """A source file without its comments."""
+    with open(os.path.join(ROOT, path)) as f:
+        return re.sub(r"/\*.*?\*/|//[^\n]*", "", f.read(), flags=re.S)
+
+
+def _function_body(text, signature):
+    """The body of the C function whose definition starts with `signature`
+    (up to the brace that closes it)."""
+    start = text.index("{", text.index(signature))
+    depth = 0
+    for k in range(start, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[k], 0)
+        if depth == 0:
+            return text[start:k + 1]
+    raise AssertionError("unbalanced braces after %r" % signature)
+
+
+def _by_enum():
+    return {act.kernel_enum: act for act in ACTIVATIONS.values()}
+
+
+def test_registry_names_are_the_kernels_and_parsers_names():
+    """Each activation's name is kernels.h's ga_activation_name of its
+    enumerator and what the ops' parser (csrc/opcall.c, through
+    _C._activation_name) calls it; the parser's other names are the
+    registry's aliases, each naming the same enumerator."""
+    text = _source("kernels/kernels.h")
+    table = re.search(r"names\[GA_ACT_COUNT\]\s*=\s*\{([^}]*)\}", text).group(1)
+    names = re.findall(r'"(\w+)"', table)
+    codes = kernel_enums()
+    for act in ACTIVATIONS.values():
+        assert names[codes[act.kernel_enum]] == act.label, (act, names)
+        assert ga._C._activation_name(act.name, "test_ops", 1) == act.label
+    for alias, name in ACTIVATION_ALIASES.items():
+        assert ga._C._activation_name(alias, "test_ops", 1) == activation(name).label
+    parsed = dict(re.findall(r'\{"(\w+)",\s*(GA_ACT_\w+)\}', _source("csrc/opcall.c")))
+    assert len(parsed) == len(ACTIVATIONS) + len(ACTIVATION_ALIASES), parsed
+    for name, enum in parsed.items():
+        assert activation(name).kernel_enum == enum, (name, enum)
+
+
+def test_registry_cudnn_modes_are_the_ones_conv_graphs_use():
+    """cudnn_mode is kernels/cuda/cudnn_graph.cu's activation_mode for the
+    activation's enumerator (None: it has none, and conv.cu skips the fused
+    graph)."""
+    body = _function_body(_source("kernels/cuda/cudnn_graph.cu"), "bool activation_mode(")
+    modes = dict(re.findall(r"case\s+(GA_ACT_\w+)\s*:\s*\*mode\s*=\s*(CUDNN_POINTWISE_\w+)", body))
+    assert modes and "default: return false" in body, body
+    for enum, act in _by_enum().items():
+        assert act.cudnn_mode == modes.get(enum), (act, modes.get(enum))
+    assert set(modes) <= set(_by_enum()), modes
+
+
+def test_registry_cublaslt_epilogues_are_the_ones_matmul_asks_for():
+    """cublaslt is the stem of the epilogues kernels/cuda/matmul.cu's
+    fused_epilogue asks cuBLASLt for (forward: <stem>, <stem>_BIAS, ...;
+    backward: D<stem>...); an activation it has no case for (None) runs
+    the plain GEMM and gpuaccel's epilogue kernel."""
+    body = _function_body(_source("kernels/cuda/matmul.cu"), "ga_fallback_reason fused_epilogue(")
+    switch = body[body.index("switch (desc->activation)"):]
+    cases = re.split(r"case\s+(GA_ACT_\w+)\s*:", switch.split("default:")[0])[1:]
+    forward = {enum: set(re.findall(r"CUBLASLT_EPILOGUE_(\w+)", text)) for enum, text in zip(cases[::2], cases[1::2])}
+    for enum, act in _by_enum().items():
+        if act.name is None:
+            assert forward[enum] == {"BIAS", "DEFAULT"}, forward[enum]
+            continue
+        if act.cublaslt is None:
+            assert enum not in forward, (act, forward[enum])
+            continue
+        stem = act.cublaslt
+        assert min(forward[enum], key=len) == stem and all(e.startswith(stem) for e in forward[enum]), (act, forward)
+        assert stem + "_BIAS" in forward[enum]
+    backward = re.findall(r"desc->dact\s*==\s*(GA_ACT_\w+)\)\s*\{(.*?)return GA_FALLBACK_NONE", body, flags=re.S)
+    assert backward, "fused_epilogue asks for no backward epilogue"
+    for enum, text in backward:
+        act = _by_enum()[enum]
+        assert act.cublaslt and {e for e in re.findall(r"CUBLASLT_EPILOGUE_(\w+)", text)} <= {
+            "D" + act.cublaslt, "D" + act.cublaslt + "_BGRAD"}, (act, text)
 
 
 def source_files():

@@ -1,6 +1,6 @@
 """Stream ordering of the CUDA paths, checked on a simulated GPU.
 
-Runs only against a simulator build (GPUACCEL_SIM=1, kernels/sim.c): two
+Runs only against a simulator build (GPUACCEL_SIM=1, kernels/sim/sim.c): two
 simulated devices whose runtime records, with vector clocks, what every
 queued operation is guaranteed to follow under CUDA's rules, and fails the
 call that makes an access that is not ordered (use before allocation,

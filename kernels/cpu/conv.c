@@ -52,8 +52,7 @@
 
 #include "../activation.h"
 #include "../convert.h"
-#include "../internal.h"
-#include "floatrun.h"
+#include "../check.h"
 #include "parallel.h"
 
 /* All the threads' unit buffers together (a unit bigger than this runs

@@ -7,7 +7,8 @@
 #include <string.h>
 
 #include "../convert.h"
-#include "../internal.h"
+#include "../check.h"
+#include "../walk.h"
 #include "parallel.h"
 
 /* Inner loops, one per (source, destination) dtype pair, so that the

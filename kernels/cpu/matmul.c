@@ -30,7 +30,6 @@
 
 #include "../activation.h"
 #include "../convert.h"
-#include "floatrun.h"
 #include "parallel.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))

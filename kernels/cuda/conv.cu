@@ -2,8 +2,10 @@
  * conv.cu — 2-D convolution on the GPU: forward (with bias, activation and
  * the pre-activation output fused in), backward data and backward filter.
  *
- * The work goes to cuDNN's graph (backend) API.  Each call describes its
- * problem as an operation graph — conv fprop [-> add bias] [-> relu/gelu]
+ * The work goes to cuDNN's graph (backend) API (cudnn_graph.cuh: the
+ * descriptors, handles and plan search any graph uses; this file describes
+ * convolutions and picks routes).  Each call describes its problem as an
+ * operation graph — conv fprop [-> add bias] [-> activation]
  * for forward, one dgrad or wgrad operation for the backward ops — and
  * runs an execution plan for it.  Plans are chosen once per problem, like
  * torch.backends.cudnn.benchmark, but the choice is also handed to the
@@ -11,14 +13,18 @@
  * rebuild exactly that engine configuration without timing again.
  *
  * Routes, tried in this order until one works:
- *   graph    the requested graph (the fused one when there is an epilogue);
+ *   graph    the requested graph (the fused one when there is an epilogue;
+ *            its activation one of cuDNN's pointwise modes: RELU_FWD,
+ *            GELU_FWD (erf), GELU_APPROX_TANH_FWD, SWISH_FWD (beta 1: silu),
+ *            SIGMOID_FWD — cuDNN has none for hardswish, whose layers start
+ *            at the next route);
  *   split    (bias and an activation) conv + bias as the graph, into the
  *            pre-activation (or y), then the activation by
  *            ga_cuda_bias_activation: conv -> add -> act fuses only on
- *            runtime-fusion engines for GELU (cuDNN's conv-bias-activation
- *            engines know ReLU and identity), while conv -> add fuses on as
- *            many engines as the conv alone — and a saved pre-activation is
- *            written once either way;
+ *            runtime-fusion engines for anything but ReLU (cuDNN's
+ *            conv-bias-activation engines know ReLU and identity), while
+ *            conv -> add fuses on as many engines as the conv alone — and a
+ *            saved pre-activation is written once either way;
  *   unfused  conv-only graph into y, then ga_cuda_bias_activation (fused
  *            graphs need runtime-fusion engines, which many layouts,
  *            dtypes and GPUs lack);
@@ -68,27 +74,18 @@
 #include <vector>
 
 #include "../activation.h"
-#include "../internal.h"
+#include "../check.h"
 #include "common.cuh"
 #include "conv_direct.cuh"
+#include "cudnn_graph.cuh"
 #include "plan_cache.h"
 
 namespace
 {
 
-/* ============================================================== limits */
+using namespace ga_cudnn;
 
-/* The first call of a shape pays for its search, and every finalization
- * may compile a kernel (runtime fusion, NVRTC): the search is bounded by
- * the plans it needs and by finalizations and time across both heuristic
- * modes, not per mode. */
-constexpr int kMaxCandidates = 6;        /* plans timed per graph */
-constexpr int kMaxDeterministic = 2;     /* untimed: the first that runs is taken */
-constexpr int kMaxFinalizeAttempts = 12; /* finalizations per search, both modes */
-constexpr double kSearchSeconds = 2.0;   /* no new finalization once one plan is in hand */
-constexpr int64_t kMaxHeuristicResults = 64;
-constexpr int kTimedIterations = 3; /* after one warm-up run */
-constexpr int kMaxNotes = 64;       /* more than cuDNN defines, for newer versions */
+/* ================================================================ graph ids */
 
 /* Tensor unique ids inside a graph.  x, w, y are the convolution's roles:
  * forward reads x, w and writes y; backward data reads y (dy), w and writes
@@ -98,271 +95,6 @@ constexpr int64_t kUidConvOut = 101, kUidAddOut = 102; /* virtual */
 
 enum GraphKind { GRAPH_CONV = 0, GRAPH_FUSED = 1, GRAPH_BIAS = 2 };
 enum Route { ROUTE_GRAPH = 0, ROUTE_UNFUSED = 1, ROUTE_DIRECT = 2, ROUTE_SPLIT = 3 };
-
-/* ==================================================== backend descriptors */
-
-/* Set at process exit, before the plan cache is destroyed: by then cuDNN's
- * own state may already be gone, so cached descriptors are left to the OS
- * rather than destroyed through a library that is shutting down. */
-std::atomic<bool> g_exiting{false};
-
-void mark_exiting()
-{
-    g_exiting.store(true);
-}
-
-/* Registered after the plan cache and cuDNN exist, so that it runs before
- * either is torn down (exit handlers and static destructors run in reverse
- * order of registration). */
-void register_exit_hook()
-{
-    static std::once_flag once;
-    std::call_once(once, [] { std::atexit(mark_exiting); });
-}
-
-/* One backend descriptor, destroyed with its owner on every path. */
-class Desc
-{
-  public:
-    Desc() = default;
-    explicit Desc(cudnnBackendDescriptor_t d) : d_(d) {}
-    ~Desc()
-    {
-        reset();
-    }
-    Desc(Desc &&other) noexcept : d_(other.d_)
-    {
-        other.d_ = nullptr;
-    }
-    Desc &operator=(Desc &&other) noexcept
-    {
-        if (this != &other) {
-            reset();
-            d_ = other.d_;
-            other.d_ = nullptr;
-        }
-        return *this;
-    }
-    Desc(const Desc &) = delete;
-    Desc &operator=(const Desc &) = delete;
-
-    cudnnBackendDescriptor_t get() const
-    {
-        return d_;
-    }
-    void reset()
-    {
-        if (d_ && !g_exiting.load())
-            cudnnBackendDestroyDescriptor(d_);
-        d_ = nullptr;
-    }
-
-  private:
-    cudnnBackendDescriptor_t d_ = nullptr;
-};
-
-ga_status make_desc(cudnnBackendDescriptorType_t type, Desc *out)
-{
-    cudnnBackendDescriptor_t d = nullptr;
-    GA_CUDNN_TRY(cudnnBackendCreateDescriptor(type, &d));
-    *out = Desc(d);
-    return ga_ok();
-}
-
-/* Internally GA_ERR_NOT_SUPPORTED means "cuDNN cannot do this here, take
- * the next route"; it never reaches the caller, since the direct kernels
- * accept every valid problem. */
-ga_status unsupported(const char *why, const char *where, const char *file, int line)
-{
-    return ga_status_make(GA_ERR_NOT_SUPPORTED, 0, 0, why, where, file, line);
-}
-#define CONV_UNSUPPORTED(why) unsupported((why), __func__, __FILE__, __LINE__)
-
-bool is_unsupported(const ga_status &st)
-{
-    return st.error == GA_ERR_NOT_SUPPORTED;
-}
-
-/* Statuses that mean "this graph / configuration does not run here": the
- * parameter and not-supported families, a missing engine sub-library and a
- * failed runtime compilation.  Anything else is a real error. */
-bool soft_failure(cudnnStatus_t s)
-{
-    int category = (int)s / 1000 * 1000;
-    return category == CUDNN_STATUS_BAD_PARAM || category == CUDNN_STATUS_NOT_SUPPORTED ||
-           s == CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED ||
-           s == CUDNN_STATUS_INTERNAL_ERROR_COMPILATION_FAILED;
-}
-
-/* Why a soft failure made a route fall back (kernels.h's reasons); the
- * status of an unsupported ga_status is cuDNN's, or one of these two. */
-constexpr int kNoStatus = 0;   /* gpuaccel's own "no engine" */
-constexpr int kNoPlanRan = -1; /* plans finalized, none executed */
-ga_fallback_reason cudnn_reason(int status)
-{
-    if (status == kNoPlanRan)
-        return GA_FALLBACK_EXECUTION;
-    if (status == CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED)
-        return GA_FALLBACK_SUBLIBRARY;
-    if (status == CUDNN_STATUS_INTERNAL_ERROR_COMPILATION_FAILED)
-        return GA_FALLBACK_COMPILATION;
-    if (status / 1000 * 1000 == CUDNN_STATUS_BAD_PARAM)
-        return GA_FALLBACK_BAD_PARAM;
-    return GA_FALLBACK_NOT_SUPPORTED;
-}
-
-/* What a search may still spend (see the limits above). */
-struct SearchBudget {
-    int finalizations = kMaxFinalizeAttempts;
-    int wanted = kMaxCandidates;
-    std::chrono::steady_clock::time_point deadline =
-        std::chrono::steady_clock::now() +
-        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-            std::chrono::duration<double>(kSearchSeconds));
-
-    explicit SearchBudget(bool deterministic)
-        : wanted(deterministic ? kMaxDeterministic : kMaxCandidates)
-    {
-    }
-    /* whether one more finalization is allowed with `have` plans in hand */
-    bool allows(int have) const
-    {
-        if (have >= wanted || finalizations <= 0)
-            return false;
-        return have == 0 || std::chrono::steady_clock::now() < deadline;
-    }
-};
-
-/* Why a route was not taken, kept across the attempts of a search: the
- * most severe refusal met (its text copied, since cuDNN's message lives in
- * a per-thread buffer that the next failure overwrites). */
-struct Refusal {
-    ga_fallback_reason reason = GA_FALLBACK_NONE;
-    int status = kNoStatus;
-    std::string text;
-
-    void keep(ga_fallback_reason why, int st, const char *what)
-    {
-        if (why <= reason)
-            return;
-        reason = why;
-        status = st;
-        text = what ? what : "";
-    }
-    /* an unsupported status: cuDNN's (or gpuaccel's own) reason and text */
-    void keep(const ga_status &st, ga_fallback_reason floor = GA_FALLBACK_NONE)
-    {
-        if (!is_unsupported(st))
-            return;
-        ga_fallback_reason why = cudnn_reason(st.code);
-        char text_buf[240];
-        snprintf(text_buf, sizeof text_buf, "%s%s%s: %s", st.name ? st.name : "",
-                 st.name ? " at " : "", st.call ? st.call : "cuDNN", st.message ? st.message : "");
-        keep(why > floor ? why : floor, st.code, text_buf);
-    }
-};
-
-ga_status finalize_status(cudnnStatus_t s, const char *call, const char *file, int line)
-{
-    if (s == CUDNN_STATUS_SUCCESS)
-        return ga_ok();
-    if (soft_failure(s)) {
-        (void)cudaGetLastError(); /* a failed module load must not be blamed on a later launch */
-        /* cuDNN's reason, read (and so cleared) right after the failure */
-        const char *detail = ga_cudnn_last_error_text();
-        return ga_status_make(GA_ERR_NOT_SUPPORTED, (int)s, cudnnGetErrorString(s),
-                              detail[0] ? detail : "cuDNN rejected this graph", call, file, line);
-    }
-    return ga_cudnn_error(s, call, file, line);
-}
-
-/* Setting an attribute only fails on a wrong name, type or count — a bug
- * here, reported as such; finalizing checks the content and may say "not
- * supported", which selects the next route. */
-#define GA_SET(desc, name, type, count, values) \
-    GA_CUDNN_TRY(cudnnBackendSetAttribute((desc), (name), (type), (count), (values)))
-#define GA_FINALIZE(desc)                                                                      \
-    do {                                                                                       \
-        ga_cudnn_discard_last_error();                                                         \
-        GA_TRY_STATUS(finalize_status(cudnnBackendFinalize(desc),                              \
-                                      "cudnnBackendFinalize(" #desc ")", __FILE__, __LINE__)); \
-    } while (0)
-
-/* ================================================================ handles */
-
-/* Handles are pooled, never destroyed: a plan finalized with a handle stays
- * valid for as long as the cache holds it, and the thread that takes the
- * handle next inherits those plans. */
-struct HandlePool {
-    std::mutex mutex;
-    std::vector<std::pair<int, cudnnHandle_t>> idle;
-};
-
-HandlePool &handle_pool()
-{
-    static HandlePool *pool = new HandlePool; /* outlives every thread */
-    return *pool;
-}
-
-struct ThreadHandles {
-    std::vector<std::pair<int, cudnnHandle_t>> held;
-    ~ThreadHandles()
-    {
-        if (held.empty())
-            return;
-        HandlePool &pool = handle_pool();
-        std::lock_guard<std::mutex> lock(pool.mutex);
-        for (auto &h : held)
-            pool.idle.push_back(h);
-    }
-};
-
-thread_local ThreadHandles t_handles;
-
-/* The handle the calling thread holds for `device`, or null (then
- * thread_handle takes one). */
-cudnnHandle_t held_handle(int device)
-{
-    for (auto &h : t_handles.held)
-        if (h.first == device)
-            return h.second;
-    return nullptr;
-}
-
-/* The calling thread's handle for `device` (which is current). */
-ga_status thread_handle(int device, cudnnHandle_t *out)
-{
-    for (auto &h : t_handles.held) {
-        if (h.first == device) {
-            *out = h.second;
-            return ga_ok();
-        }
-    }
-    HandlePool &pool = handle_pool();
-    std::lock_guard<std::mutex> lock(pool.mutex);
-    cudnnHandle_t handle = nullptr;
-    for (size_t i = 0; i < pool.idle.size(); i++) {
-        if (pool.idle[i].first == device) {
-            handle = pool.idle[i].second;
-            pool.idle.erase(pool.idle.begin() + (ptrdiff_t)i);
-            break;
-        }
-    }
-    /* created under the lock: cuDNN wants concurrent first cudnnCreate calls
-     * serialized */
-    if (!handle)
-        GA_CUDNN_TRY(cudnnCreate(&handle));
-    t_handles.held.emplace_back(device, handle);
-    *out = handle;
-    return ga_ok();
-}
-
-/* cuDNN gets 0 for the legacy default stream: the special handle value 1 is
- * only defined for the runtime it was created by. */
-cudaStream_t cudnn_stream(cudaStream_t s)
-{
-    return s == cudaStreamLegacy ? (cudaStream_t)0 : s;
-}
 
 /* ================================================================ problem */
 
@@ -578,42 +310,10 @@ std::string make_key(int device, const Problem &p)
 
 /* ================================================================= graphs */
 
-/* The descriptors of one operation graph.  Kept alive with every plan made
- * from it: cuDNN does not promise that a finalized plan is independent of
- * the descriptors it was built from. */
-struct Graph {
-    std::vector<Desc> parts;   /* tensors, conv/pointwise descriptors, operations */
-    Desc op_graph;             /* destroyed before the parts */
-    std::vector<int64_t> uids; /* the real (non-virtual) tensors */
-};
-
-ga_status add_tensor(Graph &g, int64_t uid, cudnnDataType_t type, const int64_t dims[4],
-                     const int64_t strides[4], int64_t align, bool is_virtual,
-                     cudnnBackendDescriptor_t *out)
-{
-    Desc t;
-    GA_TRY_STATUS(make_desc(CUDNN_BACKEND_TENSOR_DESCRIPTOR, &t));
-    GA_SET(t.get(), CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type);
-    GA_SET(t.get(), CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims);
-    GA_SET(t.get(), CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides);
-    GA_SET(t.get(), CUDNN_ATTR_TENSOR_UNIQUE_ID, CUDNN_TYPE_INT64, 1, &uid);
-    GA_SET(t.get(), CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, CUDNN_TYPE_INT64, 1, &align);
-    if (is_virtual) {
-        bool yes = true;
-        GA_SET(t.get(), CUDNN_ATTR_TENSOR_IS_VIRTUAL, CUDNN_TYPE_BOOLEAN, 1, &yes);
-    }
-    GA_FINALIZE(t.get());
-    *out = t.get();
-    if (!is_virtual)
-        g.uids.push_back(uid);
-    g.parts.push_back(std::move(t));
-    return ga_ok();
-}
-
 ga_status add_real_tensor(Graph &g, int64_t uid, const Problem &p, const View &v,
                           cudnnBackendDescriptor_t *out)
 {
-    return add_tensor(g, uid, io_type(p.dtype), v.dims, v.strides, v.align, false, out);
+    return add_tensor(g, uid, io_type(p.dtype), 4, v.dims, v.strides, v.align, false, out);
 }
 
 /* An intermediate the engine keeps in registers: y's shape, compute type. */
@@ -621,7 +321,7 @@ ga_status add_virtual_tensor(Graph &g, int64_t uid, const Problem &p, cudnnBacke
 {
     int64_t strides[4];
     packed_strides(p, strides);
-    return add_tensor(g, uid, compute_type(p.dtype), p.y.dims, strides, 16, true, out);
+    return add_tensor(g, uid, compute_type(p.dtype), 4, p.y.dims, strides, 16, true, out);
 }
 
 ga_status add_conv(Graph &g, const Problem &p, cudnnBackendDescriptor_t x,
@@ -694,39 +394,6 @@ ga_status add_conv(Graph &g, const Problem &p, cudnnBackendDescriptor_t x,
     return ga_ok();
 }
 
-/* out = mode(in) or out = in + b (b may be null for unary modes). */
-ga_status add_pointwise(Graph &g, const Problem &p, cudnnPointwiseMode_t mode,
-                        cudnnBackendDescriptor_t in, cudnnBackendDescriptor_t b,
-                        cudnnBackendDescriptor_t out, cudnnBackendDescriptor_t *op_out)
-{
-    Desc pw;
-    GA_TRY_STATUS(make_desc(CUDNN_BACKEND_POINTWISE_DESCRIPTOR, &pw));
-    cudnnDataType_t prec = compute_type(p.dtype);
-    GA_SET(pw.get(), CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
-    GA_SET(pw.get(), CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &prec);
-    GA_FINALIZE(pw.get());
-    cudnnBackendDescriptor_t pw_raw = pw.get();
-    g.parts.push_back(std::move(pw));
-
-    Desc op;
-    GA_TRY_STATUS(make_desc(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, &op));
-    const cudnnBackendAttributeType_t D = CUDNN_TYPE_BACKEND_DESCRIPTOR;
-    GA_SET(op.get(), CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, D, 1, &pw_raw);
-    GA_SET(op.get(), CUDNN_ATTR_OPERATION_POINTWISE_XDESC, D, 1, &in);
-    if (b)
-        GA_SET(op.get(), CUDNN_ATTR_OPERATION_POINTWISE_BDESC, D, 1, &b);
-    GA_SET(op.get(), CUDNN_ATTR_OPERATION_POINTWISE_YDESC, D, 1, &out);
-    /* out = act(alpha1 * in) or alpha1 * in + alpha2 * b: set to 1 as the
-     * frontend does (it passes float scalars whatever the compute type) */
-    float one = 1.0f;
-    GA_SET(op.get(), CUDNN_ATTR_OPERATION_POINTWISE_ALPHA1, CUDNN_TYPE_FLOAT, 1, &one);
-    GA_SET(op.get(), CUDNN_ATTR_OPERATION_POINTWISE_ALPHA2, CUDNN_TYPE_FLOAT, 1, &one);
-    GA_FINALIZE(op.get());
-    *op_out = op.get();
-    g.parts.push_back(std::move(op));
-    return ga_ok();
-}
-
 /* GRAPH_CONV: the convolution alone (forward into y, or dgrad / wgrad).
  * GRAPH_FUSED (forward only):
  *   conv(x, w) -> c  [-> c + bias -> z]  [-> act(z) -> y]
@@ -760,7 +427,7 @@ ga_status build_graph(cudnnHandle_t handle, const Problem &p, GraphKind kind,
         GA_TRY_STATUS(add_conv(*g, p, x, w, c, &op));
         ops.push_back(op);
         GA_TRY_STATUS(add_real_tensor(*g, kUidBias, p, p.bias, &b));
-        GA_TRY_STATUS(add_pointwise(*g, p, CUDNN_POINTWISE_ADD, c, b, z, &op));
+        GA_TRY_STATUS(add_pointwise(*g, compute_type(p.dtype), CUDNN_POINTWISE_ADD, c, b, z, &op));
         ops.push_back(op);
     } else {
         bool act = p.act != GA_ACT_NONE;
@@ -784,325 +451,68 @@ ga_status build_graph(cudnnHandle_t handle, const Problem &p, GraphKind kind,
                 z = preact;
             else
                 GA_TRY_STATUS(add_virtual_tensor(*g, kUidAddOut, p, &z));
-            GA_TRY_STATUS(add_pointwise(*g, p, CUDNN_POINTWISE_ADD, c, b, z, &op));
+            GA_TRY_STATUS(
+                add_pointwise(*g, compute_type(p.dtype), CUDNN_POINTWISE_ADD, c, b, z, &op));
             ops.push_back(op);
         }
         if (act) {
-            cudnnPointwiseMode_t mode = p.act == GA_ACT_RELU ? CUDNN_POINTWISE_RELU_FWD
-                                                             : CUDNN_POINTWISE_GELU_APPROX_TANH_FWD;
-            GA_TRY_STATUS(add_pointwise(*g, p, mode, z, nullptr, y, &op));
+            cudnnPointwiseMode_t mode;
+            if (!ga_cudnn::activation_mode(p.act, &mode))
+                return GA_CUDNN_UNSUPPORTED("cuDNN has no pointwise mode for this activation");
+            GA_TRY_STATUS(add_pointwise(*g, compute_type(p.dtype), mode, z, nullptr, y, &op));
             ops.push_back(op);
         }
     }
-    GA_TRY_STATUS(make_desc(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR, &g->op_graph));
-    GA_SET(g->op_graph.get(), CUDNN_ATTR_OPERATIONGRAPH_OPS, CUDNN_TYPE_BACKEND_DESCRIPTOR,
-           (int64_t)ops.size(), ops.data());
-    /* optional since cuDNN 9.8 (deprecated there), required before; the
-     * descriptor test (tests/test_cuda_descriptors.py) builds graphs with
-     * no handle, since without a GPU cudnnCreate fails */
-    if (handle)
-        GA_SET(g->op_graph.get(), CUDNN_ATTR_OPERATIONGRAPH_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
-    GA_FINALIZE(g->op_graph.get());
+    GA_TRY_STATUS(finish_graph(*g, handle, ops));
     *out = std::move(g);
     return ga_ok();
 }
 
 /* ================================================================== plans */
 
-/* An engine and its knob settings: what is persisted between processes. */
-struct EngineChoice {
-    int64_t engine = -1;
-    std::vector<std::pair<int64_t, int64_t>> knobs; /* (cudnnBackendKnobType_t, value) */
-};
-
-/* A finalized plan, with everything it was made from. */
-struct ExecPlan {
-    std::shared_ptr<Graph> graph;
-    Desc engine;
-    std::vector<Desc> knob_choices;
-    Desc cfg;
-    Desc plan; /* destroyed first */
-    int64_t workspace = 0;
-};
-
-/* Whether the engine's numerical notes fit the request: no
- * nondeterministic engine when deterministic results are asked for, no
- * engine that converts its inputs down (bf16 squeezed into fp16's range,
- * say) for any dtype, and for float32 without allow_tf32 no engine that
- * uses tensor cores — the rules PyTorch applies. */
-ga_status engine_allowed(cudnnBackendDescriptor_t engine, const Problem &p, bool *allowed)
+/* Which engines the problem may use: no nondeterministic engine when
+ * deterministic results are asked for, and for float32 without allow_tf32
+ * no engine that uses tensor cores. */
+EngineRules rules_of(const Problem &p)
 {
-    cudnnBackendNumericalNote_t notes[kMaxNotes];
-    int64_t n = 0;
-    GA_CUDNN_TRY(cudnnBackendGetAttribute(engine, CUDNN_ATTR_ENGINE_NUMERICAL_NOTE,
-                                          CUDNN_TYPE_NUMERICAL_NOTE, kMaxNotes, &n, notes));
-    bool strict_fp32 = p.dtype == GA_FLOAT32 && !p.geom.allow_tf32;
-    *allowed = true;
-    for (int64_t i = 0; i < std::min<int64_t>(n, kMaxNotes); i++) {
-        if (p.geom.deterministic && notes[i] == CUDNN_NUMERICAL_NOTE_NONDETERMINISTIC)
-            *allowed = false;
-        if (notes[i] == CUDNN_NUMERICAL_NOTE_DOWN_CONVERT_INPUTS)
-            *allowed = false;
-        if (strict_fp32 && notes[i] == CUDNN_NUMERICAL_NOTE_TENSOR_CORE)
-            *allowed = false;
-    }
-    return ga_ok();
+    EngineRules r;
+    r.deterministic = p.geom.deterministic != 0;
+    r.strict_fp32 = p.dtype == GA_FLOAT32 && !p.geom.allow_tf32;
+    r.workspace = p.ws_size;
+    return r;
 }
 
-/* Finalizes a plan for `cfg`; *ok stays false when the config does not run
- * here or needs more workspace than there is (both normal outcomes). */
-ga_status finalize_plan(cudnnHandle_t handle, cudnnBackendDescriptor_t cfg, size_t ws_limit,
-                        Desc *plan, int64_t *workspace, bool *ok, Refusal *why = nullptr)
-{
-    *ok = false;
-    Desc d;
-    GA_TRY_STATUS(make_desc(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, &d));
-    /* deprecated from cuDNN 9.8 but accepted; earlier 9.x require it */
-    GA_SET(d.get(), CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, 1, &handle);
-    GA_SET(d.get(), CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
-           &cfg);
-    ga_cudnn_discard_last_error();
-    cudnnStatus_t fin = cudnnBackendFinalize(d.get());
-    if (fin != CUDNN_STATUS_SUCCESS) {
-        ga_status st = finalize_status(fin, "cudnnBackendFinalize(plan)", __FILE__, __LINE__);
-        (void)cudaGetLastError();
-        if (why)
-            why->keep(st); /* a config that does not finalize: the next one is tried */
-        return ga_ok();
-    }
-    int64_t n = 0, size = 0;
-    GA_CUDNN_TRY(cudnnBackendGetAttribute(d.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
-                                          CUDNN_TYPE_INT64, 1, &n, &size));
-    if (size < 0 || (uint64_t)size > (uint64_t)ws_limit)
-        return ga_ok();
-    *plan = std::move(d);
-    *workspace = size;
-    *ok = true;
-    return ga_ok();
-}
-
-/* The heuristic's configs for `mode`, in its order, filtered by the notes
- * and the workspace, that finalize into plans: at most kMaxCandidates. */
-ga_status heuristic_plans(cudnnHandle_t handle, const std::shared_ptr<Graph> &g, const Problem &p,
-                          cudnnBackendHeurMode_t mode, std::vector<std::shared_ptr<ExecPlan>> *out,
-                          Refusal *why, SearchBudget *budget)
-{
-    Desc heur;
-    GA_TRY_STATUS(make_desc(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, &heur));
-    cudnnBackendDescriptor_t og = g->op_graph.get();
-    GA_SET(heur.get(), CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1,
-           &og);
-    GA_SET(heur.get(), CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, 1, &mode);
-    ga_cudnn_discard_last_error();
-    ga_status st = finalize_status(cudnnBackendFinalize(heur.get()), "cudnnBackendFinalize(heur)",
-                                   __FILE__, __LINE__);
-    if (is_unsupported(st)) {
-        why->keep(st);
-        return ga_ok(); /* this mode has nothing for the graph */
-    }
-    GA_TRY_STATUS(st);
-    int64_t count = 0;
-    GA_CUDNN_TRY(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                          CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr));
-    count = std::min(count, kMaxHeuristicResults);
-    if (count <= 0)
-        return ga_ok();
-    /* results are copied into engine-config descriptors we create */
-    std::vector<Desc> cfgs((size_t)count);
-    std::vector<cudnnBackendDescriptor_t> raw((size_t)count);
-    for (int64_t i = 0; i < count; i++) {
-        GA_TRY_STATUS(make_desc(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, &cfgs[(size_t)i]));
-        raw[(size_t)i] = cfgs[(size_t)i].get();
-    }
-    int64_t got = 0;
-    GA_CUDNN_TRY(cudnnBackendGetAttribute(heur.get(), CUDNN_ATTR_ENGINEHEUR_RESULTS,
-                                          CUDNN_TYPE_BACKEND_DESCRIPTOR, count, &got, raw.data()));
-    got = std::min(got, count);
-    for (int64_t i = 0; i < got; i++) {
-        if (!budget->allows((int)out->size()))
-            break;
-        Desc &cfg = cfgs[(size_t)i];
-        Desc engine;
-        GA_TRY_STATUS(make_desc(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &engine));
-        cudnnBackendDescriptor_t engine_raw = engine.get();
-        int64_t n = 0;
-        GA_CUDNN_TRY(cudnnBackendGetAttribute(cfg.get(), CUDNN_ATTR_ENGINECFG_ENGINE,
-                                              CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &engine_raw));
-        bool allowed = false;
-        GA_TRY_STATUS(engine_allowed(engine.get(), p, &allowed));
-        if (!allowed)
-            continue;
-        /* skip configs known to need too much workspace before paying for a
-         * finalization (which may compile kernels); cuDNN < 9.2 lacks the
-         * attribute, and the plan's own size is checked below anyway */
-        int64_t cfg_ws = 0;
-        if (cudnnBackendGetAttribute(cfg.get(), CUDNN_ATTR_ENGINECFG_WORKSPACE_SIZE,
-                                     CUDNN_TYPE_INT64, 1, &n, &cfg_ws) == CUDNN_STATUS_SUCCESS &&
-            (cfg_ws < 0 || (uint64_t)cfg_ws > (uint64_t)p.ws_size))
-            continue;
-        budget->finalizations--;
-        auto ep = std::make_shared<ExecPlan>();
-        bool ok = false;
-        GA_TRY_STATUS(
-            finalize_plan(handle, cfg.get(), p.ws_size, &ep->plan, &ep->workspace, &ok, why));
-        if (!ok)
-            continue;
-        ep->graph = g;
-        ep->engine = std::move(engine);
-        ep->cfg = std::move(cfg);
-        out->push_back(std::move(ep));
-    }
-    return ga_ok();
-}
-
-/* Rebuilds exactly the engine config `c` for the graph; *out stays empty
- * when it no longer applies (another cuDNN, GPU or request), so the caller
- * tunes instead.  Every failure here is "does not apply": the choice came
- * from a file. */
-ga_status plan_from_choice(cudnnHandle_t handle, const std::shared_ptr<Graph> &g, const Problem &p,
-                           const EngineChoice &c, std::shared_ptr<ExecPlan> *out)
-{
-    out->reset();
-    cudnnBackendDescriptor_t og = g->op_graph.get();
-    int64_t n = 0, engines = 0;
-    GA_CUDNN_TRY(cudnnBackendGetAttribute(og, CUDNN_ATTR_OPERATIONGRAPH_ENGINE_GLOBAL_COUNT,
-                                          CUDNN_TYPE_INT64, 1, &n, &engines));
-    if (c.engine < 0 || c.engine >= engines)
-        return ga_ok();
-    auto ep = std::make_shared<ExecPlan>();
-    ep->graph = g;
-    GA_TRY_STATUS(make_desc(CUDNN_BACKEND_ENGINE_DESCRIPTOR, &ep->engine));
-    cudnnBackendDescriptor_t engine = ep->engine.get();
-    int64_t index = c.engine;
-    GA_SET(engine, CUDNN_ATTR_ENGINE_OPERATION_GRAPH, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &og);
-    GA_SET(engine, CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1, &index);
-    if (cudnnBackendFinalize(engine) != CUDNN_STATUS_SUCCESS)
-        return ga_ok();
-    bool allowed = false;
-    GA_TRY_STATUS(engine_allowed(engine, p, &allowed));
-    if (!allowed)
-        return ga_ok();
-    std::vector<cudnnBackendDescriptor_t> choices;
-    for (const auto &k : c.knobs) {
-        Desc choice;
-        GA_TRY_STATUS(make_desc(CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR, &choice));
-        cudnnBackendKnobType_t type = (cudnnBackendKnobType_t)k.first;
-        int64_t value = k.second;
-        if (cudnnBackendSetAttribute(choice.get(), CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE,
-                                     CUDNN_TYPE_KNOB_TYPE, 1, &type) != CUDNN_STATUS_SUCCESS ||
-            cudnnBackendSetAttribute(choice.get(), CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE,
-                                     CUDNN_TYPE_INT64, 1, &value) != CUDNN_STATUS_SUCCESS ||
-            cudnnBackendFinalize(choice.get()) != CUDNN_STATUS_SUCCESS)
-            return ga_ok();
-        choices.push_back(choice.get());
-        ep->knob_choices.push_back(std::move(choice));
-    }
-    GA_TRY_STATUS(make_desc(CUDNN_BACKEND_ENGINECFG_DESCRIPTOR, &ep->cfg));
-    GA_SET(ep->cfg.get(), CUDNN_ATTR_ENGINECFG_ENGINE, CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &engine);
-    if (!choices.empty() &&
-        cudnnBackendSetAttribute(ep->cfg.get(), CUDNN_ATTR_ENGINECFG_KNOB_CHOICES,
-                                 CUDNN_TYPE_BACKEND_DESCRIPTOR, (int64_t)choices.size(),
-                                 choices.data()) != CUDNN_STATUS_SUCCESS)
-        return ga_ok();
-    if (cudnnBackendFinalize(ep->cfg.get()) != CUDNN_STATUS_SUCCESS)
-        return ga_ok();
-    bool ok = false;
-    GA_TRY_STATUS(finalize_plan(handle, ep->cfg.get(), p.ws_size, &ep->plan, &ep->workspace, &ok));
-    if (ok)
-        *out = std::move(ep);
-    return ga_ok();
-}
-
-/* Reads back the engine index and knob settings of a plan's config. */
-ga_status describe_choice(const ExecPlan &ep, EngineChoice *c)
-{
-    int64_t n = 0;
-    GA_CUDNN_TRY(cudnnBackendGetAttribute(ep.engine.get(), CUDNN_ATTR_ENGINE_GLOBAL_INDEX,
-                                          CUDNN_TYPE_INT64, 1, &n, &c->engine));
-    std::vector<Desc> knobs(CUDNN_KNOB_TYPE_COUNTS);
-    std::vector<cudnnBackendDescriptor_t> raw(CUDNN_KNOB_TYPE_COUNTS);
-    for (size_t i = 0; i < knobs.size(); i++) {
-        GA_TRY_STATUS(make_desc(CUDNN_BACKEND_KNOB_CHOICE_DESCRIPTOR, &knobs[i]));
-        raw[i] = knobs[i].get();
-    }
-    int64_t got = 0;
-    GA_CUDNN_TRY(cudnnBackendGetAttribute(ep.cfg.get(), CUDNN_ATTR_ENGINECFG_KNOB_CHOICES,
-                                          CUDNN_TYPE_BACKEND_DESCRIPTOR,
-                                          (int64_t)CUDNN_KNOB_TYPE_COUNTS, &got, raw.data()));
-    c->knobs.clear();
-    for (int64_t i = 0; i < std::min<int64_t>(got, CUDNN_KNOB_TYPE_COUNTS); i++) {
-        cudnnBackendKnobType_t type = CUDNN_KNOB_TYPE_COUNTS;
-        int64_t value = 0;
-        GA_CUDNN_TRY(cudnnBackendGetAttribute(raw[(size_t)i], CUDNN_ATTR_KNOB_CHOICE_KNOB_TYPE,
-                                              CUDNN_TYPE_KNOB_TYPE, 1, &n, &type));
-        GA_CUDNN_TRY(cudnnBackendGetAttribute(raw[(size_t)i], CUDNN_ATTR_KNOB_CHOICE_KNOB_VALUE,
-                                              CUDNN_TYPE_INT64, 1, &n, &value));
-        c->knobs.emplace_back((int64_t)type, value);
-    }
-    return ga_ok();
-}
-
-/* ============================================================ execution */
-
+/* The variant pack of a graph built for the problem. */
 ga_status make_variant_pack(const Graph &g, const Problem &p, Desc *out)
 {
     std::vector<void *> pointers;
     for (int64_t uid : g.uids)
         pointers.push_back(uid_pointer(p, uid));
-    void *ws = p.ws_size ? p.ws : nullptr;
-    int64_t n = (int64_t)g.uids.size();
-    GA_TRY_STATUS(make_desc(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, out));
-    GA_SET(out->get(), CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, CUDNN_TYPE_INT64, n, g.uids.data());
-    GA_SET(out->get(), CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, n,
-           pointers.data());
-    GA_SET(out->get(), CUDNN_ATTR_VARIANT_PACK_WORKSPACE, CUDNN_TYPE_VOID_PTR, 1, &ws);
-    GA_CUDNN_TRY(cudnnBackendFinalize(out->get()));
-    return ga_ok();
+    return ga_cudnn::make_variant_pack(g, pointers, p.ws_size ? p.ws : nullptr, out);
 }
 
 ga_status execute_plan(cudnnHandle_t handle, const ExecPlan &ep, const Problem &p)
 {
     Desc pack;
     GA_TRY_STATUS(make_variant_pack(*ep.graph, p, &pack));
-    GA_CUDNN_TRY(cudnnBackendExecute(handle, ep.plan.get(), pack.get()));
-    return ga_ok();
+    return ga_cudnn::execute_plan(handle, ep, pack);
 }
 
-class Event
+/* Builds the graph and finds a plan for it (search_plan). */
+ga_status tune_graph(cudnnHandle_t handle, cudaStream_t s, const Problem &p, GraphKind kind,
+                     const EngineChoice *preferred, std::shared_ptr<ExecPlan> *plan,
+                     EngineChoice *choice, bool *tuned, Refusal *why)
 {
-  public:
-    Event() = default;
-    ~Event()
-    {
-        if (e_)
-            cudaEventDestroy(e_);
-    }
-    Event(const Event &) = delete;
-    Event &operator=(const Event &) = delete;
-    ga_status create()
-    {
-        GA_CUDA_TRY(cudaEventCreate(&e_));
-        return ga_ok();
-    }
-    cudaEvent_t get() const
-    {
-        return e_;
-    }
-
-  private:
-    cudaEvent_t e_ = nullptr;
-};
-
-/* Whether work queued on `s` is being captured into a CUDA graph. */
-bool stream_capturing(cudaStream_t s)
-{
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(s, &status) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return true; /* cannot tell: be as careful as under capture */
-    }
-    return status != cudaStreamCaptureStatusNone;
+    *tuned = false;
+    plan->reset();
+    std::shared_ptr<Graph> g;
+    GA_TRY_STATUS(build_graph(handle, p, kind, &g));
+    Desc pack; /* the candidates share one graph, so one variant pack */
+    GA_TRY_STATUS(make_variant_pack(*g, p, &pack));
+    return search_plan(handle, s, g, rules_of(p), pack, preferred, plan, choice, tuned, why);
 }
+
+/* ============================================================ execution */
 
 /* Nothing that tunes may run inside a stream capture: the heuristics,
  * plan finalization (which may compile and load modules), the trial runs
@@ -1127,103 +537,6 @@ ga_status refuse_in_capture(const Problem &p, cudaStream_t s)
                           __FILE__, __LINE__);
 }
 
-/* Picks the candidate to use.  Each runs once (a config that finalizes may
- * still fail to launch here); the survivors are timed on the caller's
- * stream when `time_them` and there are several.  The inputs are only
- * read and the outputs are overwritten again by the chosen plan, so the
- * trial runs leave no trace. */
-ga_status pick_plan(cudnnHandle_t handle, cudaStream_t s, const Problem &p,
-                    const std::vector<std::shared_ptr<ExecPlan>> &cands, bool time_them,
-                    size_t *best, bool *timed)
-{
-    *best = 0;
-    *timed = false;
-    Desc pack; /* the candidates share one graph, so one variant pack */
-    GA_TRY_STATUS(make_variant_pack(*cands[0]->graph, p, &pack));
-    std::vector<size_t> alive;
-    for (size_t i = 0; i < cands.size(); i++) {
-        if (cudnnBackendExecute(handle, cands[i]->plan.get(), pack.get()) == CUDNN_STATUS_SUCCESS)
-            alive.push_back(i);
-        else
-            (void)cudaGetLastError();
-    }
-    if (alive.empty())
-        return ga_status_make(GA_ERR_NOT_SUPPORTED, kNoPlanRan, "no plan ran",
-                              "cuDNN's plans for this graph finalized but none executed",
-                              "cudnnBackendExecute", __FILE__, __LINE__);
-    *best = alive[0];
-    if (!time_them || alive.size() == 1)
-        return ga_ok();
-    Event start, end;
-    GA_TRY_STATUS(start.create());
-    GA_TRY_STATUS(end.create());
-    float best_ms = std::numeric_limits<float>::infinity();
-    for (size_t i : alive) {
-        GA_CUDA_TRY(cudaEventRecord(start.get(), s));
-        bool failed = false;
-        for (int it = 0; it < kTimedIterations && !failed; it++)
-            failed = cudnnBackendExecute(handle, cands[i]->plan.get(), pack.get()) !=
-                     CUDNN_STATUS_SUCCESS;
-        GA_CUDA_TRY(cudaEventRecord(end.get(), s));
-        GA_CUDA_TRY(cudaEventSynchronize(end.get()));
-        if (failed) {
-            (void)cudaGetLastError();
-            continue;
-        }
-        float ms = 0.0f;
-        GA_CUDA_TRY(cudaEventElapsedTime(&ms, start.get(), end.get()));
-        if (ms < best_ms) {
-            best_ms = ms;
-            *best = i;
-        }
-    }
-    *timed = true;
-    return ga_ok();
-}
-
-/* Builds the graph and finds a plan for it: the preferred engine config
- * when it still applies, else the heuristic's candidates (mode A, then the
- * fallback mode), timed unless results must be deterministic — then the
- * heuristic's order decides, so every process picks the same engine. */
-ga_status tune_graph(cudnnHandle_t handle, cudaStream_t s, const Problem &p, GraphKind kind,
-                     const EngineChoice *preferred, std::shared_ptr<ExecPlan> *plan,
-                     EngineChoice *choice, bool *tuned, Refusal *why)
-{
-    *tuned = false;
-    plan->reset();
-    std::shared_ptr<Graph> g;
-    GA_TRY_STATUS(build_graph(handle, p, kind, &g));
-    if (preferred) {
-        GA_TRY_STATUS(plan_from_choice(handle, g, p, *preferred, plan));
-        if (*plan) {
-            *choice = *preferred;
-            return ga_ok();
-        }
-    }
-    /* mode A's candidates first; the fallback mode's when none of those
-     * finalizes or none of them launches here */
-    const cudnnBackendHeurMode_t modes[] = {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK};
-    ga_status last = CONV_UNSUPPORTED("no cuDNN engine for this graph");
-    SearchBudget budget(p.geom.deterministic != 0);
-    for (cudnnBackendHeurMode_t mode : modes) {
-        std::vector<std::shared_ptr<ExecPlan>> cands;
-        GA_TRY_STATUS(heuristic_plans(handle, g, p, mode, &cands, why, &budget));
-        if (cands.empty())
-            continue;
-        size_t best = 0;
-        last = pick_plan(handle, s, p, cands, !p.geom.deterministic, &best, tuned);
-        if (is_unsupported(last)) {
-            why->keep(last);
-            continue;
-        }
-        GA_TRY_STATUS(last);
-        GA_TRY_STATUS(describe_choice(*cands[best], choice));
-        *plan = cands[best];
-        return ga_ok();
-    }
-    return last;
-}
-
 /* ===================================================== the cached choice */
 
 /* What the cache holds per problem: the route, the engine choice shared by
@@ -1237,41 +550,14 @@ struct Entry {
     std::unordered_map<cudnnHandle_t, std::shared_ptr<ExecPlan>> plans;
 };
 
-/* "eng<index>[:k<type>=<value>,...]", prefixed "unfused:" for the unfused
- * route; "direct" for the direct kernels. */
+/* The engine choice (engine_choice_string), prefixed "unfused:" or "split:"
+ * for those routes; "direct" for the direct kernels. */
 std::string choice_string(Route route, const EngineChoice &c)
 {
     if (route == ROUTE_DIRECT)
         return "direct";
-    char buf[64];
-    std::string s = route == ROUTE_UNFUSED ? "unfused:" : route == ROUTE_SPLIT ? "split:" : "";
-    snprintf(buf, sizeof buf, "eng%lld", (long long)c.engine);
-    s += buf;
-    for (size_t i = 0; i < c.knobs.size(); i++) {
-        snprintf(buf, sizeof buf, "%ck%lld=%lld", i == 0 ? ':' : ',', (long long)c.knobs[i].first,
-                 (long long)c.knobs[i].second);
-        s += buf;
-    }
-    return s;
-}
-
-bool parse_int(const std::string &s, size_t *pos, int64_t *out)
-{
-    size_t i = *pos;
-    bool negative = i < s.size() && s[i] == '-';
-    if (negative)
-        i++;
-    if (i >= s.size() || s[i] < '0' || s[i] > '9')
-        return false;
-    int64_t v = 0;
-    for (; i < s.size() && s[i] >= '0' && s[i] <= '9'; i++) {
-        if (v > (std::numeric_limits<int64_t>::max() - (s[i] - '0')) / 10)
-            return false;
-        v = v * 10 + (s[i] - '0');
-    }
-    *out = negative ? -v : v;
-    *pos = i;
-    return true;
+    const char *prefix = route == ROUTE_UNFUSED ? "unfused:" : route == ROUTE_SPLIT ? "split:" : "";
+    return prefix + engine_choice_string(c);
 }
 
 /* The inverse of choice_string; false for anything else (the caller then
@@ -1292,36 +578,7 @@ bool parse_choice(const char *text, Route *route, EngineChoice *c)
         *route = ROUTE_SPLIT;
         pos = 6;
     }
-    if (s.compare(pos, 3, "eng") != 0)
-        return false;
-    pos += 3;
-    if (!parse_int(s, &pos, &c->engine) || c->engine < 0)
-        return false;
-    c->knobs.clear();
-    if (pos == s.size())
-        return true;
-    if (s[pos] != ':')
-        return false;
-    pos++;
-    for (;;) {
-        int64_t type = 0, value = 0;
-        if (pos >= s.size() || s[pos] != 'k')
-            return false;
-        pos++;
-        if (!parse_int(s, &pos, &type) || pos >= s.size() || s[pos] != '=')
-            return false;
-        pos++;
-        if (!parse_int(s, &pos, &value))
-            return false;
-        if (type < 0 || type >= CUDNN_KNOB_TYPE_COUNTS)
-            return false;
-        c->knobs.emplace_back(type, value);
-        if (pos == s.size())
-            return true;
-        if (s[pos] != ',')
-            return false;
-        pos++;
-    }
+    return parse_engine_choice(s, pos, c);
 }
 
 /* This handle's plan for a cached choice when it has one already. */
@@ -1351,9 +608,9 @@ ga_status entry_plan(cudnnHandle_t handle, const Problem &p, Entry &e,
                                                                  : GRAPH_CONV;
     std::shared_ptr<Graph> g;
     GA_TRY_STATUS(build_graph(handle, p, kind, &g));
-    GA_TRY_STATUS(plan_from_choice(handle, g, p, e.choice, out));
+    GA_TRY_STATUS(plan_from_choice(handle, g, rules_of(p), e.choice, out));
     if (!*out)
-        return CONV_UNSUPPORTED("the cached engine config does not finalize on this handle");
+        return GA_CUDNN_UNSUPPORTED("the cached engine config does not finalize on this handle");
     std::lock_guard<std::mutex> lock(e.mutex);
     e.plans[handle] = *out;
     return ga_ok();
@@ -1396,7 +653,16 @@ ga_status tune(cudnnHandle_t handle, cudaStream_t s, const Problem &p, const cha
      * (runtime fusion is not everywhere); what else went wrong on the way
      * is reported as itself. */
     bool fused_refused = has_pref && (pref_route == ROUTE_UNFUSED || pref_route == ROUTE_SPLIT);
-    if (fused && !fused_refused) {
+    cudnnPointwiseMode_t mode;
+    if (fused && p.act != GA_ACT_NONE && !activation_mode(p.act, &mode)) {
+        /* a documented limit, not a refusal: counted, never warned about */
+        char text[160];
+        snprintf(text, sizeof text,
+                 "cuDNN has no pointwise mode for %s: the convolution (and bias) ran in cuDNN, "
+                 "the activation in gpuaccel's kernel",
+                 ga_activation_name(p.act));
+        e->why.keep(GA_FALLBACK_EPILOGUE, kNoStatus, text);
+    } else if (fused && !fused_refused) {
         GA_TRY_STATUS(attempt(GRAPH_FUSED, ROUTE_GRAPH, GA_FALLBACK_NOT_SUPPORTED));
     } else if (fused) {
         e->why.keep(GA_FALLBACK_NOT_SUPPORTED, kNoStatus,

@@ -17,9 +17,10 @@
 #include <algorithm>
 
 #include "../activation.h"
-#include "../internal.h"
+#include "../check.h"
 #include "common.cuh"
 #include "conv_direct.cuh"
+#include "elem.cuh"
 #include "fallback.h"
 
 namespace
@@ -39,76 +40,6 @@ struct DirectArgs {
 
 constexpr int kThreads = 256; /* a power of two */
 constexpr int64_t kMaxBlocks = 65535LL * 8;
-
-/* Each float dtype's element type, and the type its sums are computed in. */
-template <typename T> struct Elem;
-template <> struct Elem<__half> {
-    using Acc = float;
-    static __host__ __device__ __forceinline__ float widen(__half v)
-    {
-        return __half2float(v);
-    }
-    static __host__ __device__ __forceinline__ __half narrow(float a)
-    {
-        return __float2half_rn(a);
-    }
-};
-template <> struct Elem<__nv_bfloat16> {
-    using Acc = float;
-    static __host__ __device__ __forceinline__ float widen(__nv_bfloat16 v)
-    {
-        return __bfloat162float(v);
-    }
-    static __host__ __device__ __forceinline__ __nv_bfloat16 narrow(float a)
-    {
-        return __float2bfloat16_rn(a);
-    }
-};
-template <> struct Elem<float> {
-    using Acc = float;
-    static __host__ __device__ __forceinline__ float widen(float v)
-    {
-        return v;
-    }
-    static __host__ __device__ __forceinline__ float narrow(float a)
-    {
-        return a;
-    }
-};
-template <> struct Elem<double> {
-    using Acc = double;
-    static __host__ __device__ __forceinline__ double widen(double v)
-    {
-        return v;
-    }
-    static __host__ __device__ __forceinline__ double narrow(double a)
-    {
-        return a;
-    }
-};
-
-/* Element loads/stores: one access when every address is element-aligned,
- * byte copies otherwise (a view may start anywhere). */
-template <typename T, bool Aligned>
-__host__ __device__ __forceinline__ typename Elem<T>::Acc load(const char *p)
-{
-    T v;
-    if constexpr (Aligned)
-        v = *reinterpret_cast<const T *>(p);
-    else
-        memcpy(&v, p, sizeof(T));
-    return Elem<T>::widen(v);
-}
-
-template <typename T, bool Aligned>
-__host__ __device__ __forceinline__ void store(char *p, typename Elem<T>::Acc a)
-{
-    T v = Elem<T>::narrow(a);
-    if constexpr (Aligned)
-        *reinterpret_cast<T *>(p) = v;
-    else
-        memcpy(p, &v, sizeof(T));
-}
 
 __host__ __device__ __forceinline__ float activate(ga_activation act, float z)
 {
@@ -145,16 +76,17 @@ __host__ __device__ __forceinline__ void fwd_element(const DirectArgs &a, int64_
                 int64_t w = q * a.stride_w - a.pad_w + s * a.dil_w;
                 if (w < 0 || w >= a.W)
                     continue;
-                acc += load<T, A>(xc + h * a.xs[2] + w * a.xs[3]) *
-                       load<T, A>(wc + r * a.ws[2] + s * a.ws[3]);
+                acc += load_elem<T, A>(xc + h * a.xs[2] + w * a.xs[3]) *
+                       load_elem<T, A>(wc + r * a.ws[2] + s * a.ws[3]);
             }
         }
     }
     if (a.bias)
-        acc += load<T, A>(a.bias + k * (int64_t)sizeof(T));
+        acc += load_elem<T, A>(a.bias + k * (int64_t)sizeof(T));
     if (a.preact)
-        store<T, A>(a.preact + n * a.ps[0] + k * a.ps[1] + p * a.ps[2] + q * a.ps[3], acc);
-    store<T, A>(a.y + n * a.ys[0] + k * a.ys[1] + p * a.ys[2] + q * a.ys[3], activate(a.act, acc));
+        store_elem<T, A>(a.preact + n * a.ps[0] + k * a.ps[1] + p * a.ps[2] + q * a.ps[3], acc);
+    store_elem<T, A>(a.y + n * a.ys[0] + k * a.ys[1] + p * a.ys[2] + q * a.ys[3],
+                     activate(a.act, acc));
 }
 
 /* dx[n, c, h, w] = sum over k in c's group, r, s with h = p*stride - pad +
@@ -184,11 +116,12 @@ __host__ __device__ __forceinline__ void bwd_data_element(const DirectArgs &a, i
             if (q >= a.Q)
                 continue;
             for (int64_t k = k0; k < k0 + a.Kg; k++)
-                acc += load<T, A>(a.y + n * a.ys[0] + k * a.ys[1] + p * a.ys[2] + q * a.ys[3]) *
-                       load<T, A>(a.w + k * a.ws[0] + cl * a.ws[1] + r * a.ws[2] + s * a.ws[3]);
+                acc +=
+                    load_elem<T, A>(a.y + n * a.ys[0] + k * a.ys[1] + p * a.ys[2] + q * a.ys[3]) *
+                    load_elem<T, A>(a.w + k * a.ws[0] + cl * a.ws[1] + r * a.ws[2] + s * a.ws[3]);
         }
     }
-    store<T, A>(a.x + n * a.xs[0] + c * a.xs[1] + h * a.xs[2] + w * a.xs[3], acc);
+    store_elem<T, A>(a.x + n * a.xs[0] + c * a.xs[1] + h * a.xs[2] + w * a.xs[3], acc);
 }
 
 /* dw[k, c, r, s] = sum over n, p, q of dy[n, k, p, q] * x[n, c0 + c, h, w].
@@ -213,8 +146,8 @@ bwd_filter_slice(const DirectArgs &a, int64_t e, int64_t first, int64_t step)
         int64_t w = q * a.stride_w - a.pad_w + s * a.dil_w;
         if (h < 0 || h >= a.H || w < 0 || w >= a.W)
             continue;
-        acc += load<T, A>(a.y + n * a.ys[0] + k * a.ys[1] + p * a.ys[2] + q * a.ys[3]) *
-               load<T, A>(a.x + n * a.xs[0] + cx * a.xs[1] + h * a.xs[2] + w * a.xs[3]);
+        acc += load_elem<T, A>(a.y + n * a.ys[0] + k * a.ys[1] + p * a.ys[2] + q * a.ys[3]) *
+               load_elem<T, A>(a.x + n * a.xs[0] + cx * a.xs[1] + h * a.xs[2] + w * a.xs[3]);
     }
     return acc;
 }
@@ -227,7 +160,7 @@ __host__ __device__ __forceinline__ void bwd_filter_store(const DirectArgs &a, i
     int64_t r = t % a.R;
     t /= a.R;
     int64_t c = t % a.Cg, k = t / a.Cg;
-    store<T, A>(a.w + k * a.ws[0] + c * a.ws[1] + r * a.ws[2] + s * a.ws[3], v);
+    store_elem<T, A>(a.w + k * a.ws[0] + c * a.ws[1] + r * a.ws[2] + s * a.ws[3], v);
 }
 
 template <typename T, bool A> __global__ void conv_fwd_direct(DirectArgs a)

@@ -8,7 +8,8 @@
 #include <string.h>
 
 #include "../convert.h"
-#include "../internal.h"
+#include "../check.h"
+#include "../walk.h"
 #include "common.cuh"
 
 namespace

@@ -1,7 +1,12 @@
 /*
- * elem.cuh — one float element of any float dtype, loaded as double and
- * stored with convert.h's single rounding, for the strided kernels of
- * epilogue.cu and matmul.cu.
+ * elem.cuh — loading and storing float elements in the CUDA kernels, the
+ * one place for it on the CUDA side (kernels/convert.h is the C side's, and
+ * holds the conversions both share):
+ *   - typed: Elem<T> (T = __half, __nv_bfloat16, float, double) with the
+ *     type its sums are computed in, and load_elem / store_elem, with the
+ *     hardware conversions (one rounding, as convert.h's);
+ *   - by a dtype known only at run time: load_f / encode_f / store_bits,
+ *     through double and convert.h's rounding.
  */
 #ifndef GPUACCEL_CUDA_ELEM_CUH
 #define GPUACCEL_CUDA_ELEM_CUH
@@ -9,7 +14,80 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include "../convert.h"
+
+/* Each float dtype's element type, and the type its sums are computed in. */
+template <typename T> struct Elem;
+template <> struct Elem<__half> {
+    using Acc = float;
+    static __host__ __device__ __forceinline__ float widen(__half v)
+    {
+        return __half2float(v);
+    }
+    static __host__ __device__ __forceinline__ __half narrow(float a)
+    {
+        return __float2half_rn(a);
+    }
+};
+template <> struct Elem<__nv_bfloat16> {
+    using Acc = float;
+    static __host__ __device__ __forceinline__ float widen(__nv_bfloat16 v)
+    {
+        return __bfloat162float(v);
+    }
+    static __host__ __device__ __forceinline__ __nv_bfloat16 narrow(float a)
+    {
+        return __float2bfloat16_rn(a);
+    }
+};
+template <> struct Elem<float> {
+    using Acc = float;
+    static __host__ __device__ __forceinline__ float widen(float v)
+    {
+        return v;
+    }
+    static __host__ __device__ __forceinline__ float narrow(float a)
+    {
+        return a;
+    }
+};
+template <> struct Elem<double> {
+    using Acc = double;
+    static __host__ __device__ __forceinline__ double widen(double v)
+    {
+        return v;
+    }
+    static __host__ __device__ __forceinline__ double narrow(double a)
+    {
+        return a;
+    }
+};
+
+/* Element loads/stores: one access when every address is element-aligned,
+ * byte copies otherwise (a view may start anywhere). */
+template <typename T, bool Aligned>
+__host__ __device__ __forceinline__ typename Elem<T>::Acc load_elem(const char *p)
+{
+    T v;
+    if constexpr (Aligned)
+        v = *reinterpret_cast<const T *>(p);
+    else
+        memcpy(&v, p, sizeof(T));
+    return Elem<T>::widen(v);
+}
+
+template <typename T, bool Aligned>
+__host__ __device__ __forceinline__ void store_elem(char *p, typename Elem<T>::Acc a)
+{
+    T v = Elem<T>::narrow(a);
+    if constexpr (Aligned)
+        *reinterpret_cast<T *>(p) = v;
+    else
+        memcpy(p, &v, sizeof(T));
+}
 
 /* A float element as double (exact for every float dtype).  Aligned
  * addresses take one wide load; a view may start anywhere, so the others

@@ -22,7 +22,8 @@
 
 #include "../activation.h"
 #include "../convert.h"
-#include "../internal.h"
+#include "../check.h"
+#include "../walk.h"
 #include "common.cuh"
 #include "elem.cuh"
 

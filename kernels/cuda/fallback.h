@@ -3,7 +3,7 @@
  * what ga_cuda_matmul runs when cuBLASLt cannot run a call fused
  * (matmul_unfused.cu), and the direct route of ga_cuda_conv2d_* when cuDNN
  * cannot (conv_direct.cu).  They need neither library, so the simulator
- * build (kernels/sim.c), which has neither, runs them for every matmul and
+ * build (kernels/sim/sim.c), which has neither, runs them for every matmul and
  * conv, and tests/test_kernels_on_cpu.py calls them.  Plain C.
  */
 #ifndef GPUACCEL_CUDA_FALLBACK_H

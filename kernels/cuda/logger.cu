@@ -60,11 +60,3 @@ extern "C" ga_status ga_cuda_logger_reset_window(int device, void *state, int ma
     GA_CUDA_LAUNCH_CHECK("logger_reset_kernel");
     return ga_ok();
 }
-
-extern "C" ga_status ga_cuda_stream_capturing(ga_stream stream, int *capturing)
-{
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    GA_CUDA_TRY(cudaStreamIsCapturing(ga_cu_stream(stream), &status));
-    *capturing = status == cudaStreamCaptureStatusActive;
-    return ga_ok();
-}

@@ -23,7 +23,7 @@
  *      describe the layout at all (no unit stride, negative strides).
  * A valid input therefore never ends in CUBLAS_STATUS_NOT_SUPPORTED.  The
  * report says why a call did not run fused (ga_fallback_reason, with
- * cuBLASLt's status and text): csrc/ops.c counts the reasons and applies
+ * cuBLASLt's status and text): csrc/fallback.c counts the reasons and applies
  * the fallback policy to the ones that may hide a bug (INVALID_VALUE) or
  * cost the most (no algorithm even for the plain GEMM).
  *
@@ -168,7 +168,7 @@ ga_fallback_reason fused_epilogue(const ga_matmul_desc *desc, cublasLtEpilogue_t
         *out = CUBLASLT_EPILOGUE_BGRADB;
         return GA_FALLBACK_NONE;
     }
-    if (desc->dact == GA_ACT_GELU) {
+    if (desc->dact == GA_ACT_GELU_TANH) {
         if (desc->dact_aux.dtype != d_type)
             return GA_FALLBACK_EPILOGUE;
         if (desc->col_sums) {
@@ -197,7 +197,7 @@ ga_fallback_reason fused_epilogue(const ga_matmul_desc *desc, cublasLtEpilogue_t
             return GA_FALLBACK_EPILOGUE; /* RELU_AUX keeps a bit mask, not z */
         *out = bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU;
         return GA_FALLBACK_NONE;
-    case GA_ACT_GELU:
+    case GA_ACT_GELU_TANH:
         if (preact) {
             if (desc->preact.dtype != d_type)
                 return GA_FALLBACK_EPILOGUE;
@@ -206,8 +206,8 @@ ga_fallback_reason fused_epilogue(const ga_matmul_desc *desc, cublasLtEpilogue_t
             *out = bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
         }
         return GA_FALLBACK_NONE;
+    default: return GA_FALLBACK_EPILOGUE; /* cuBLASLt's epilogues know relu and tanh-GELU only */
     }
-    return GA_FALLBACK_EPILOGUE;
 }
 
 const char *epilogue_name(cublasLtEpilogue_t e)

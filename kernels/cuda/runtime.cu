@@ -205,6 +205,14 @@ static int is_special_stream(ga_stream s)
     return (uintptr_t)s <= (uintptr_t)GA_STREAM_PER_THREAD;
 }
 
+extern "C" ga_status ga_cuda_stream_capturing(ga_stream stream, int *capturing)
+{
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    GA_CUDA_TRY(cudaStreamIsCapturing(ga_cu_stream(stream), &status));
+    *capturing = status == cudaStreamCaptureStatusActive;
+    return ga_ok();
+}
+
 extern "C" ga_status ga_cuda_stream_device(ga_stream stream, int *device)
 {
     if (is_special_stream(stream)) {

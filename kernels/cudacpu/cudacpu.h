@@ -30,7 +30,7 @@
  * Limits, on purpose: one launch runs at a time in the process (a
  * __shared__ variable is a function-local static, so blocks run one after
  * another); dynamic shared memory (extern __shared__) is not supported;
- * launches are synchronous and streams order nothing (kernels/sim.c checks
+ * launches are synchronous and streams order nothing (kernels/sim/sim.c checks
  * stream order); device math functions are the host's libm.
  */
 #ifndef GPUACCEL_CUDACPU_H

@@ -2,7 +2,7 @@
  * cudart.cpp — the part of the CUDA runtime API that kernels/cuda's host
  * code calls around its launches, on host memory: "device" pointers are
  * host pointers, and work runs when it is queued (launches too), so streams
- * order nothing here; the simulator (kernels/sim.c) checks stream order
+ * order nothing here; the simulator (kernels/sim/sim.c) checks stream order
  * before it calls into kernels/cuda.  The host plays every device: any
  * ordinal below GA_MAX_DEVICES can be made current.
  */

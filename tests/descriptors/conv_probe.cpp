@@ -3,11 +3,11 @@
  * against the real cuDNN with no GPU and read back (see probe.h).
  *
  * conv.cu is included, not linked, so that its anonymous namespace
- * (init_problem, build_graph, make_variant_pack, engine_allowed) is in
- * reach; the link keeps only what the probe reaches (--gc-sections), so
- * the execution paths, which need the direct kernels and a device, stay
- * out.  Graphs are built without a cuDNN handle, which cuDNN >= 9.8 does
- * not need and which cannot be created without a GPU.
+ * (init_problem, build_graph, make_variant_pack, rules_of) is in reach, and
+ * cudnn_graph.cu (the graph code it uses) with it; the link keeps only what the probe reaches
+ * (--gc-sections), so the execution paths, which need the direct kernels and a device, stay out.
+ * Graphs are built without a cuDNN handle, which cuDNN >= 9.8 does not need and which cannot be
+ * created without a GPU.
  *
  * cuDNN reads back tensors and convolution descriptors, not pointwise
  * operations, operation graphs or variant packs (NOT_SUPPORTED), and it
@@ -18,6 +18,7 @@
  * it, each call's status from the real library, and, where cuDNN can, the
  * attributes read back from the finalized descriptors beside it.
  */
+#include "kernels/cuda/cudnn_graph.cu"
 #include "kernels/cuda/conv.cu"
 
 #include "probe.h"
@@ -283,7 +284,7 @@ std::string heuristics_json(const Graph &g, const Problem &p, cudnnBackendHeurMo
                                  &index);
         engines.push_back(index);
         bool ok = false;
-        ga_status st = engine_allowed(e, p, &ok);
+        ga_status st = engine_allowed(e, rules_of(p), &ok);
         if (st.error)
             return o.raw("error", json_status(st)).str();
         allowed += ok;
@@ -400,9 +401,7 @@ std::string probe_conv(const ProbeCase &c)
                   : op_name == "bwd_filter" ? GA_CONV_BWD_FILTER
                                             : GA_CONV_FWD;
     std::string act_name = c.text("act");
-    ga_activation act = act_name == "relu"   ? GA_ACT_RELU
-                        : act_name == "gelu" ? GA_ACT_GELU
-                                             : GA_ACT_NONE;
+    ga_activation act = activation_by_name(act_name);
     ga_conv_geometry g;
     memset(&g, 0, sizeof g);
     std::vector<int64_t> stride = c.integers("stride"), padding = c.integers("padding"),

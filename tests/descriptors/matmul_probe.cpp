@@ -118,7 +118,7 @@ std::string call_json(const ga_matmul_desc &desc, cublasLtEpilogue_t epilogue, s
 
 ga_activation activation(const std::string &s)
 {
-    return s == "relu" ? GA_ACT_RELU : s == "gelu" ? GA_ACT_GELU : GA_ACT_NONE;
+    return activation_by_name(s);
 }
 
 } // namespace matmul_probe

@@ -1,64 +1,12 @@
 /*
- * ops.h — what the compute ops (matmul.c, conv.c) share (csrc/ops.c): the
- * settings that steer the backends, call statistics, workspaces, and the
- * opening every op starts with — its array operands loaded and checked
- * together, and the stream it runs on — with the helpers for its results.
+ * opcall.h — what every compute op call goes through (opcall.c): the opening
+ * (operands loaded and checked together, the stream picked), arguments,
+ * operands and results, the activation gradient, profiling.
  */
-#ifndef GPUACCEL_OPS_H
-#define GPUACCEL_OPS_H
+#ifndef GPUACCEL_OPCALL_H
+#define GPUACCEL_OPCALL_H
 
 #include "array.h"
-
-/* ---- settings: set_matmul_precision("high"), set_conv_allow_tf32(False),
- * set_deterministic(True) */
-int ga_op_deterministic(void);
-
-PyObject *ga_py_set_matmul_precision(PyObject *module, PyObject *arg);
-PyObject *ga_py_get_matmul_precision(PyObject *module, PyObject *unused);
-PyObject *ga_py_set_conv_allow_tf32(PyObject *module, PyObject *arg);
-PyObject *ga_py_get_conv_allow_tf32(PyObject *module, PyObject *unused);
-/* _tf32_state('matmul' | 'conv') -> (allowed, source): the TF32 setting of
- * float32 CUDA ops and where it comes from: 'gpuaccel' (its setter),
- * 'torch' (torch's flag), 'default' (torch's default, torch not imported). */
-PyObject *ga_py_tf32_state(PyObject *module, PyObject *arg);
-PyObject *ga_py_set_deterministic(PyObject *module, PyObject *arg);
-PyObject *ga_py_get_deterministic(PyObject *module, PyObject *unused);
-
-/* ---- fallbacks: set_fallback_policy("allow" | "warn" | "raise") */
-PyObject *ga_py_set_fallback_policy(PyObject *module, PyObject *arg);
-PyObject *ga_py_get_fallback_policy(PyObject *module, PyObject *unused);
-/* The policy from GPUACCEL_FALLBACK (at import); a value it does not know
- * is reported with a RuntimeWarning and ignored.  -1 when that warning
- * was turned into an exception. */
-int ga_op_fallback_policy_init(void);
-/* ("none", "layout", ...): the names of ga_fallback_reason, by value. */
-PyObject *ga_op_fallback_reason_names(void);
-
-/* ---- statistics (matmul_stats(), conv_stats()) */
-typedef struct {
-    uint64_t calls, cpu_calls, cuda_calls, fused, fallback, tuned, tuning_reused;
-    uint64_t reasons[GA_FALLBACK_REASON_COUNT]; /* CUDA calls by fallback reason */
-    unsigned warned;                            /* reasons already warned about (bit per reason) */
-} ga_op_counters;
-
-/* Counts a call on the CPU or, with what the backend reported, on CUDA,
- * and notes a fallback the policy covers for ga_op_settle_fallbacks (`op`
- * names the op in its message). */
-void ga_op_count(ga_op_counters *counters, const char *op, int cuda, const ga_op_report *report);
-/* At the end of an op (every path): answers the fallback its calls noted —
- * a FallbackWarning once per counters (op family) and reason, or
- * FallbackError — and returns `result`, or NULL (result released) when
- * that raised.  A NULL result only forgets the note. */
-PyObject *ga_op_settle_fallbacks(ga_state *st, PyObject *result);
-/* The counters and the backend's plan-cache hits and misses as a dict. */
-PyObject *ga_op_counters_dict(const ga_op_counters *counters, uint64_t plan_hits,
-                              uint64_t plan_misses);
-
-/* ---- workspaces */
-/* Device scratch memory of at least `size` bytes for work queued on
- * `stream`: one block per (device, stream), reused in that stream's order.
- * NULL with an exception (OutOfMemoryError when short of memory). */
-void *ga_op_workspace(ga_state *st, int device, ga_stream stream, size_t size);
 
 /* ---- the opening */
 #define GA_OP_MAX_OPERANDS 4
@@ -89,12 +37,6 @@ typedef struct {
     PyObject *stream_obj;         /* the stream as an object for copies (None on the CPU) */
 } ga_op;
 
-/* Whether the op's `which` GEMMs / convolutions on `dtype` may use TF32:
- * 0 unless float32 on CUDA; then gpuaccel's setting when its setter was
- * called, else torch's flag when torch is imported, else torch's default.
- * -1 with torch's exception. */
-int ga_op_allow_tf32(ga_state *st, const ga_op *op, ga_dtype dtype, ga_tf32_op which);
-
 /* Loads an op's operands without copying (Arrays, torch tensors, anything
  * that exports DLPack or __cuda_array_interface__), checks that they are on
  * one device and share the lead's floating dtype, and picks the stream:
@@ -120,7 +62,7 @@ typedef struct {
 
 /* Reads save_preactivation (False when absent) and the activation.  On
  * failure nothing is held. */
-int ga_forward_parse(ga_forward *f, const char *name, PyObject *save_preactivation,
+int ga_forward_parse(ga_state *st, ga_forward *f, const char *name, PyObject *save_preactivation,
                      PyObject *activation);
 /* ga_op_begin with x (the lead), weight and bias (optional). */
 int ga_forward_begin(ga_state *st, ga_forward *f, PyObject *x, PyObject *weight, PyObject *bias,
@@ -145,8 +87,9 @@ typedef struct {
 /* Reads out= (a tuple of arrays, or of None to let gpuaccel allocate that
  * one), the needs_*_grad flags (True when absent) and the activation.  On
  * failure nothing is held. */
-int ga_backward_parse(ga_backward *b, const char *name, PyObject *out, PyObject *needs_input_grad,
-                      PyObject *needs_weight_grad, PyObject *needs_bias_grad, PyObject *activation);
+int ga_backward_parse(ga_state *st, ga_backward *b, const char *name, PyObject *out,
+                      PyObject *needs_input_grad, PyObject *needs_weight_grad,
+                      PyObject *needs_bias_grad, PyObject *activation);
 /* ga_op_begin with grad_y, x (the lead), weight and aux (NULL: none). */
 int ga_backward_begin(ga_state *st, ga_backward *b, PyObject *grad_y, PyObject *x, PyObject *weight,
                       PyObject *aux, PyObject *stream_obj);
@@ -168,8 +111,16 @@ PyObject *ga_op_profiled(const char *name, ga_op_entry entry, PyObject *module,
                          PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 
 /* ---- arguments */
-/* None, 'relu' or 'gelu'. */
-int ga_op_activation(PyObject *obj, ga_activation *out, const char *op);
+/* An activation by name: None or "none", "relu", "gelu" (the exact erf
+ * GELU; the first "gelu" of a process warns that it once meant the tanh
+ * form), "gelu_erf" (the same, never warning), "gelu_tanh", "silu",
+ * "hardswish", "sigmoid"; a ValueError naming `op` otherwise. */
+int ga_op_activation(ga_state *st, PyObject *obj, ga_activation *out, const char *op);
+/* gpuaccel._C._activation_name(activation, caller, stacklevel): the
+ * activation's own name ("none" for None) as the ops parse it, warning at
+ * `stacklevel` (warnings.warn's) for "gelu" — the one parser and one
+ * warning for gpuaccel.torch too. */
+PyObject *ga_py_activation_name(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 /* A truth value, `default_value` when absent; -1 with an exception. */
 int ga_op_flag(PyObject *obj, int default_value);
 

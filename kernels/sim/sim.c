@@ -32,7 +32,7 @@
  * as well, and they are the CUDA backend's own: kernels/cuda compiled by
  * the host C++ compiler through kernels/cudacpu, which runs each CUDA
  * thread as a fiber (see kernels/cudacpu/cudacpu.h), with its entry points
- * renamed (kernels/cudacpu/sim_names.h) so that the ga_cuda_* functions
+ * renamed (kernels/sim/kernel_names.h) so that the ga_cuda_* functions
  * here can check an operation first and then call them.  cuBLASLt and
  * cuDNN do not run here: a matmul takes the path ga_cuda_matmul takes when
  * cuBLASLt cannot fuse it (the generic GEMM kernel and the epilogue
@@ -51,11 +51,11 @@
 
 #include <nvtx3/nvToolsExt.h>
 
-#include "cuda/fallback.h"
-#include "kernels.h"
+#include "../cuda/fallback.h"
+#include "../kernels.h"
 
 #define GPUACCEL_SIM_DECLARE_KERNELS
-#include "cudacpu/sim_names.h"
+#include "kernel_names.h"
 
 #define SIM_MAX_STREAMS 512
 #define SIM_MAX_DEVICES 8
