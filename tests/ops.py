@@ -322,6 +322,23 @@ def conv_bwd_filter64(x, dy, w_shape, stride=1, padding=0, dilation=1, groups=1)
     return dw
 
 
+# ================================================================ images
+
+def resize_weights64(origin, scale, lo, hi, n):
+    """torch's antialiased bilinear weights (upsample_bilinear2d_aa) of n
+    output pixels over input pixels [lo, hi): a float64 matrix."""
+    support = scale if scale >= 1 else 1.0
+    inv = 1.0 / scale if scale >= 1 else 1.0
+    weights = np.zeros((n, hi - lo))
+    for k in range(n):
+        center = origin - lo + scale * (k + 0.5)
+        first, last = max(int(center - support + 0.5), 0), min(int(center + support + 0.5), hi - lo)
+        for j in range(first, last):
+            weights[k, j] = max(0.0, 1.0 - abs((j - center + 0.5) * inv))
+        weights[k] /= weights[k].sum()
+    return weights
+
+
 # ============================================================ conversions
 
 def f64(x):

@@ -37,6 +37,7 @@ from ops import (
     conv_fwd64,
     conv_out_hw,
     f64,
+    resize_weights64,
     round_to,
 )
 
@@ -484,7 +485,9 @@ def epilogue_act(epilogue):
 
 def matmul_cases(rng):
     """The generic GEMM and the epilogue kernels after it: what
-    ga_cuda_matmul runs when cuBLASLt cannot (kernels/cuda/fallback.h)."""
+    ga_cuda_matmul runs when cuBLASLt cannot (kernels/cuda/fallback.h);
+    and ("split_...") the split route's activation after a GEMM + bias
+    (cuBLASLt's half done by the generic kernel here)."""
     cases = []
     plans = [
         # (dtype, d_dtype, batch, M, K, N, epilogue)
@@ -502,6 +505,11 @@ def matmul_cases(rng):
         ("float64", "float64", 1, 21, 13, 29, "dact_hardswish"),
         ("float64", "float64", 1, 17, 22, 15, "dact_sigmoid_col_sums"),
         ("float32", "float32", 2, 15, 31, 18, "dact_gelu_tanh"),
+        ("float32", "float32", 2, 21, 19, 25, "split_bias_silu_preact"),
+        ("float64", "float64", 1, 27, 16, 13, "split_gelu"),
+        ("bfloat16", "bfloat16", 2, 11, 33, 20, "split_bias_hardswish"),
+        ("float16", "float32", 1, 23, 17, 29, "split_bias_sigmoid_preact"),
+        ("float32", "float32", 1, 17, 23, 21, "split_bias_relu_preact"),
     ]
     plans += [extra for label in LABELS if label != "none" and not any(epilogue_act(p[6]) == label for p in plans)
               for extra in [("float32", "float32", 2, 37, 45, 29, "bias_%s_preact" % label),
@@ -509,7 +517,8 @@ def matmul_cases(rng):
     for k, (dtype, d_dtype, batch, M, K, N, epilogue) in enumerate(plans):
         a = values(rng, (batch, M, K), dtype)
         b = values(rng, (batch, K, N), dtype)
-        c = Case("matmul %s->%s %dx%dx%dx%d %s" % (dtype, d_dtype, batch, M, K, N, epilogue), "matmul")
+        op = "matmul_split" if epilogue.startswith("split") else "matmul"
+        c = Case("%s %s->%s %dx%dx%dx%d %s" % (op, dtype, d_dtype, batch, M, K, N, epilogue), op)
         c.ints("batch", batch)
         # A transposed in memory, B with gaps, D reversed along rows
         a_mem = np.swapaxes(strided(rng, np.swapaxes(a, 1, 2).copy()), 1, 2) if k % 2 else strided(rng, a)
@@ -678,13 +687,14 @@ def conv_cases(rng):
 def normalize_cases(rng):
     cases = []
     for k, dtype in enumerate(FLOATS):
-        for nchw in (0, 1):
+        for nchw, src_chw in ((0, 0), (1, 0), (k % 2, 1)):  # channels-first sources: torchvision's tensors
             n, h, w, ch = 3, 5, 7 + k, 3
             src = rng.integers(0, 256, size=(n, h, w, ch)).astype(np.uint8)
             scale = rng.uniform(0.001, 0.05, ch)
             shift = rng.uniform(-2, 2, ch)
-            c = Case("normalize %s nchw=%d" % (dtype, nchw), "normalize")
-            c.ptr("src", src)
+            c = Case("normalize %s nchw=%d src_chw=%d" % (dtype, nchw, src_chw), "normalize")
+            c.ptr("src", np.ascontiguousarray(src.transpose(0, 3, 1, 2)) if src_chw else src)
+            c.ints("src_chw", src_chw)
             out_shape = (n, ch, h, w) if nchw else (n, h, w, ch)
             c.ptr("dst", poison(out_shape, dtype), written=True)
             c.dtype("dtype", dtype)
@@ -707,6 +717,60 @@ def normalize_cases(rng):
                               what="dst")
             c.check = check
             cases.append(c)
+    return cases
+
+
+# ---------------------------------------------------------------- resize
+
+
+def resize_cases(rng):
+    """Crops of odd-sized images resized down and up, flipped or not, and a
+    center crop larger than its image (zero padding), against float64."""
+    cases = []
+    for k in range(6):
+        src_h, src_w = int(rng.integers(9, 70)), int(rng.integers(9, 70))
+        pitch = src_w * 3 + int(rng.integers(0, 5))
+        src = rng.integers(0, 256, size=(src_h, pitch), dtype=np.uint8)
+        if k < 5:
+            h, w = int(rng.integers(1, src_h + 1)), int(rng.integers(1, src_w + 1))
+            top, left = int(rng.integers(0, src_h - h + 1)), int(rng.integers(0, src_w - w + 1))
+            out = (int(rng.integers(3, 40)), int(rng.integers(3, 40)))
+            placed = (0, 0) + out
+            ry, rx = (top, h / out[0], top, top + h), (left, w / out[1], left, left + w)
+        else:  # a center crop of the image at its size, larger than it: padded
+            out = (src_h + 5, src_w + 2)
+            placed = (2, 1, src_h, src_w)
+            ry, rx = (0.0, 1.0, 0, src_h), (0.0, 1.0, 0, src_w)
+        flip = k % 2
+        c = Case("resize %dx%d -> %dx%d flip=%d" % (src_h, src_w, out[0], out[1], flip), "resize")
+        c.ptr("src", src)
+        c.ints("src_h", src_h)
+        c.ints("src_w", src_w)
+        c.ints("src_pitch", pitch)
+        c.ptr("dst", poison(out + (3,), "uint8"), written=True)
+        c.ints("out", *out)
+        c.ints("placed", *placed)
+        c.ints("flip", flip)
+        c.floats("ry", ry[0], ry[1])
+        c.ints("ry_span", ry[2], ry[3])
+        c.floats("rx", rx[0], rx[1])
+        c.ints("rx_span", rx[2], rx[3])
+        c.twin = "units"
+        image = src[:, :src_w * 3].reshape(src_h, src_w, 3).astype(np.float64)
+        wy = resize_weights64(*ry, placed[2])
+        wx = resize_weights64(*rx, placed[3])
+        part = np.einsum("yi,ijc,xj->yxc", wy, image[ry[2]:ry[3], rx[2]:rx[3]], wx)
+        ref = np.zeros(out + (3,))
+        ref[placed[0]:placed[0] + placed[2], placed[1]:placed[1] + placed[3]] = part[:, ::-1] if flip else part
+
+        def check(result, ref=ref):
+            got = result["dst"].astype(np.float64)
+            # the GPU sums in one pass (<= 1 unit off); the CPU rounds
+            # between its two passes too (<= 2)
+            assert np.abs(got - ref).max() <= 2, np.abs(got - ref).max()
+            assert np.abs(got - ref).mean() < 0.5
+        c.check = check
+        cases.append(c)
     return cases
 
 
@@ -802,6 +866,7 @@ FAMILIES = {
     "conv": conv_cases,
     "normalize": normalize_cases,
     "logger": logger_cases,
+    "resize": resize_cases,
 }
 
 
@@ -833,12 +898,15 @@ def outcome(case, d):
             if case.twin == "bits":
                 assert out[name].tobytes() == twin[name].tobytes(), "%s: %s differs from the CPU twin" % (
                     case.name, name)
+            elif case.twin == "units":  # integers from float sums in another order: a few units
+                diff = np.abs(out[name].astype(np.int64) - twin[name].astype(np.int64))
+                assert diff.max() <= 3, "%s: %s differs from the CPU twin by %d" % (case.name, name, diff.max())
             elif case.twin == "close":  # sums in another order: within a few roundings of the largest
                 dtype = dtype_name(out[name].dtype)
                 scale = np.nanmax(np.abs(f64(twin[name])), initial=0.0)
                 assert_within(out[name], f64(twin[name]), 4 * rounding_bound(scale, dtype),
                               what="%s: %s vs the CPU twin" % (case.name, name))
-        if case.twin == "close":
+        if case.twin in ("close", "units"):
             case.check(twin)
     case.check(out)
     return out
