@@ -196,7 +196,7 @@ def source_files():
 
 def test_readme_maps_every_source_file_to_its_tests():
     """tests/README.md names every source file, and only files that exist,
-    and every test file it names exists."""
+    and every test file (and only those that exist)."""
     with open(os.path.join(ROOT, "tests", "README.md")) as f:
         text = f.read()
     named = set(re.findall(r"`((?:csrc|kernels|gpuaccel)/[\w/.]+\.(?:c|h|cu|cuh|cpp|py))`", text))
@@ -207,6 +207,9 @@ def test_readme_maps_every_source_file_to_its_tests():
     tests = set(re.findall(r"\b(test_\w+\.py)\b", text))
     absent = sorted(t for t in tests if not os.path.exists(os.path.join(ROOT, "tests", t)))
     assert not absent, "tests/README.md names test files that do not exist: %s" % absent
+    unnamed = sorted(t for t in os.listdir(os.path.join(ROOT, "tests"))
+                     if t.startswith("test_") and t.endswith(".py") and t not in tests)
+    assert not unnamed, "tests/README.md does not say what these test: %s" % unnamed
 
 
 def test_op_sources_exist():
