@@ -241,9 +241,8 @@ static int run_cuda_conv(ga_state *st, const char *op, int device, ga_stream s, 
     tuning.preferred = preferred != Py_None ? PyUnicode_AsUTF8(preferred) : NULL;
     if (!tuning.preferred)
         PyErr_Clear(); /* a stored name that is not text: no preference */
-    size_t ws_size = conv_workspace_size();
-    void *ws = ga_workspace(st, device, s, ws_size);
-    if (!ws) {
+    ga_workspace ws;
+    if (ga_workspace_get(st, device, s, conv_workspace_size(), &ws) < 0) {
         /* short of memory for the workspace: engines that need none, or
          * the direct kernels, still run */
         if (!PyErr_ExceptionMatches(st->OutOfMemoryError)) {
@@ -251,18 +250,21 @@ static int run_cuda_conv(ga_state *st, const char *op, int device, ga_stream s, 
             return -1;
         }
         PyErr_Clear();
-        ws_size = 0;
+        ws.size = 0;
     }
-    ga_status status = fn(ctx, ws, ws_size, s, &tuning);
+    ga_status status = fn(ctx, ws.ptr, ws.size, s, &tuning);
     int reused = tuning.preferred && !tuning.report.tuned && !tuning.report.cache_hit;
+    int had_workspace = ws.ptr != NULL;
     Py_DECREF(preferred);
+    if (ga_workspace_put(st, &ws) < 0 && !status.error)
+        return -1;
     if (status.error)
         return ga_raise(st, status);
     conv_counts.tuning_reused += reused;
     ga_op_count(&conv_counts, op, 1, &tuning.report);
     /* a choice made without the workspace (short of memory) is not kept:
      * the file's key assumes the full budget */
-    if (tuning.report.tuned && tuning.chosen[0] && ws) {
+    if (tuning.report.tuned && tuning.chosen[0] && had_workspace) {
         PyObject *r = tuning_call("store", device, key, tuning.chosen);
         if (!r)
             return -1;
@@ -399,7 +401,7 @@ static PyObject *conv2d_entry(PyObject *module, PyObject *const *args, Py_ssize_
     result = ga_forward_result(&f);
 done:
     result = ga_op_settle_fallbacks(st, result);
-    ga_forward_end(&f);
+    result = ga_forward_end(st, &f, result);
     return result;
 }
 
@@ -600,7 +602,7 @@ static PyObject *conv2d_backward_entry(PyObject *module, PyObject *const *args, 
     result = ga_backward_result(&g);
 done:
     result = ga_op_settle_fallbacks(st, result);
-    ga_backward_end(&g);
+    result = ga_backward_end(st, &g, result);
     Py_XDECREF(gyv);
     Py_XDECREF(xv);
     Py_XDECREF(wv);

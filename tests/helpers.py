@@ -3,6 +3,7 @@ and resource checks, child interpreters."""
 
 import ctypes
 import gc
+import hashlib
 import os
 import shutil
 import subprocess
@@ -46,21 +47,23 @@ def simulated():
         return False
 
 
-def assert_within(actual, expected, atol, rtol, reduction=1):
+def assert_within(actual, expected, atol, rtol=0.0, reduction=1, what=None):
     """|actual - expected| <= atol * sqrt(reduction) + rtol * |expected| for
     every element, compared as float64 (NaN fails).  `reduction` is the
     length of the sums behind each element: their rounding error grows like
-    its square root."""
+    its square root.  atol may be an array: a bound per element.  `what`
+    names the result in the message."""
     actual = np.asarray(actual, dtype=np.float64)
     expected = np.asarray(expected, dtype=np.float64)
-    assert actual.shape == expected.shape, (actual.shape, expected.shape)
+    assert actual.shape == expected.shape, (what, actual.shape, expected.shape)
     bound = atol * np.sqrt(max(reduction, 1)) + rtol * np.abs(expected)
     err = np.abs(actual - expected)
     bad = ~(err <= bound)  # NaN counts as bad
     if bad.any():
         worst = np.unravel_index(np.argmax(np.where(bad, err, -1.0)), err.shape)
-        raise AssertionError("%d of %d elements off; worst %g at %s (bound there %g)" % (
-            bad.sum(), bad.size, err[worst], tuple(int(i) for i in worst), np.broadcast_to(bound, err.shape)[worst]))
+        raise AssertionError("%s%d of %d elements off; worst %g at %s (bound there %g)" % (
+            "%s: " % what if what else "", bad.sum(), bad.size, err[worst], tuple(int(i) for i in worst),
+            np.broadcast_to(bound, err.shape)[worst]))
 
 
 # tolerances of the form atol + rtol * |reference|, per dtype
@@ -105,82 +108,6 @@ def assert_close(actual, expected, dtype, scale=1.0):
     """actual within `scale` times `dtype`'s TOLERANCE of expected."""
     atol, rtol = TOLERANCE[dtype]
     assert_within(actual, expected, scale * atol, scale * rtol)
-
-
-# Every activation gpuaccel fuses, by the names the ops take ("gelu" is
-# nn.GELU()'s exact erf form, "gelu_tanh" its tanh approximation).
-ACTIVATIONS = ["relu", "gelu", "gelu_tanh", "silu", "hardswish", "sigmoid"]
-
-
-def _erf(z):
-    from math import erf
-
-    return np.vectorize(erf, otypes=[np.float64])(z)
-
-
-def activation_ref(z, activation):
-    """gpuaccel's activation of a float64 NumPy array, from the textbook
-    formulas (independent of torch, which torch_activation uses)."""
-    z = np.asarray(z, dtype=np.float64)
-    if activation == "relu":
-        return np.maximum(z, 0)
-    if activation == "gelu":
-        return 0.5 * z * (1 + _erf(z / np.sqrt(2)))
-    if activation == "gelu_tanh":
-        return 0.5 * z * (1 + np.tanh(np.sqrt(2 / np.pi) * (z + 0.044715 * z**3)))
-    if activation == "silu":
-        return z / (1 + np.exp(-z))
-    if activation == "hardswish":
-        return z * np.clip(z + 3, 0, 6) / 6
-    if activation == "sigmoid":
-        return 1 / (1 + np.exp(-z))
-    assert activation in (None, "none"), activation
-    return z
-
-
-def activation_grad_ref(z, activation):
-    """The derivative of activation_ref at z (float64 NumPy arrays), with
-    torch's values at the breakpoints: relu'(0) = 0, hardswish' = 0 at -3
-    and 1 at 3."""
-    z = np.asarray(z, dtype=np.float64)
-    if activation == "relu":
-        return (z > 0).astype(np.float64)
-    if activation == "gelu":
-        return 0.5 * (1 + _erf(z / np.sqrt(2))) + z * np.exp(-0.5 * z * z) / np.sqrt(2 * np.pi)
-    if activation == "gelu_tanh":
-        t = np.tanh(np.sqrt(2 / np.pi) * (z + 0.044715 * z**3))
-        return 0.5 * (1 + t) + 0.5 * z * (1 - t * t) * np.sqrt(2 / np.pi) * (1 + 3 * 0.044715 * z * z)
-    if activation == "silu":
-        s = 1 / (1 + np.exp(-z))
-        return s * (1 + z * (1 - s))
-    if activation == "hardswish":
-        return np.where(z <= -3, 0.0, np.where(z < 3, z / 3 + 0.5, 1.0))
-    if activation == "sigmoid":
-        s = 1 / (1 + np.exp(-z))
-        return s * (1 - s)
-    assert activation in (None, "none"), activation
-    return np.ones_like(z)
-
-
-def torch_activation(z, activation):
-    """torch's own function for the activation of a tensor (the module a
-    model would use), differentiable by autograd."""
-    import torch
-    import torch.nn.functional as F
-
-    fns = {"relu": torch.relu, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
-           "silu": F.silu, "hardswish": F.hardswish, "sigmoid": torch.sigmoid}
-    if activation in (None, "none"):
-        return z
-    return fns[activation](z)
-
-
-def torch_activation_module(activation):
-    """The nn.Module a model uses for the activation."""
-    import torch
-
-    return {"relu": torch.nn.ReLU, "gelu": torch.nn.GELU, "gelu_tanh": lambda: torch.nn.GELU(approximate="tanh"),
-            "silu": torch.nn.SiLU, "hardswish": torch.nn.Hardswish, "sigmoid": torch.nn.Sigmoid}[activation]()
 
 
 def torch_dtype(name):
@@ -489,6 +416,91 @@ def cuda_include_dir(*headers):
         if all(os.path.exists(os.path.join(inc, h)) for h in headers):
             return inc
     return None
+
+
+# ---------------------------------------------------------------- native test programs
+
+SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def tool_env(**extra):
+    """The environment of the compilers and of the native test programs:
+    without the sanitizer runtime CI's ASan step preloads into Python
+    (under it, the compilers' own leaks fail a build), plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    env.update(extra)
+    return env
+
+
+def _hash(*parts):
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part if isinstance(part, bytes) else repr(part).encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _hash_files(paths):
+    return _hash(*[p.encode() + b"\0" + open(p, "rb").read() for p in sorted(paths)])
+
+
+def _built_from(path, key):
+    try:
+        with open(path + ".key") as f:
+            return os.path.exists(path) and f.read() == key
+    except OSError:
+        return False
+
+
+def _run_into(command, path, key, what):
+    """Runs command (which writes path + ".tmp<pid>") and renames its output
+    to path: a parallel run sees the old file or the new one, never half."""
+    tmp = "%s.tmp%d" % (path, os.getpid())
+    proc = subprocess.run(command(tmp), capture_output=True, text=True, env=tool_env())
+    if proc.returncode:
+        raise RuntimeError("%s failed:\n%s" % (what, (proc.stderr or proc.stdout)[-8000:]))
+    os.replace(tmp, path)
+    with open(tmp + ".key", "w") as f:
+        f.write(key)
+    os.replace(tmp + ".key", path + ".key")
+
+
+def build_native(name, compiles, link, depends=()):
+    """A native test program, built in build/tests/<name>/ of the source tree.
+
+    compiles: (source, command) pairs, `command + ["-c", source, "-o", obj]`
+    compiling each; link: (command, flags), `command + objects + ["-o",
+    program] + flags` linking them; depends: the files every source may
+    include.  One caching scheme for every such program: an object is
+    rebuilt when the hash of its command, its source and `depends` changes,
+    the program when its objects or link command do -- contents, not
+    times, so a fresh checkout or a copy of the tree is never taken for
+    built.  Compiles run in parallel (GPUACCEL_JOBS, else one per CPU).  A
+    failed step raises RuntimeError with the compiler's output."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    out = os.path.join(SOURCE_ROOT, "build", "tests", name)
+    os.makedirs(out, exist_ok=True)
+    common = _hash_files(depends)
+
+    def compile_one(job):
+        src, command = job
+        obj = os.path.join(out, os.path.relpath(src, SOURCE_ROOT).replace(os.sep, "_") + ".o")
+        key = _hash(command, common, open(src, "rb").read())
+        if not _built_from(obj, key):
+            _run_into(lambda tmp: command + ["-c", src, "-o", tmp], obj, key, "compiling %s" % src)
+        return obj, key
+
+    workers = int(os.environ.get("GPUACCEL_JOBS", "0")) or os.cpu_count() or 1
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        built = list(pool.map(compile_one, compiles))
+    objects = [obj for obj, _ in built]
+    command, flags = link
+    program = os.path.join(out, name)
+    key = _hash(command, flags, [k for _, k in built])
+    if not _built_from(program, key):
+        _run_into(lambda tmp: command + objects + ["-o", tmp] + flags, program, key, "linking %s" % name)
+    return program
 
 
 # ---------------------------------------------------------------- child interpreters

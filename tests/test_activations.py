@@ -16,24 +16,25 @@ import pytest
 
 import gpuaccel as ga
 
-from helpers import (
+from helpers import FLOAT_DTYPES, UNIT_ROUNDOFF, assert_sum_close
+from ops import (
+    ACTIVATION_ALIASES,
+    ACTIVATION_NAMES,
     ACTIVATIONS,
-    FLOAT_DTYPES,
-    UNIT_ROUNDOFF,
-    assert_sum_close,
-    sum_tolerance,
-    torch_activation,
-    torch_activation_module,
+    MATMUL_TOLERANCE,
+    activation,
+    invalid_activations,
 )
 
 torch = pytest.importorskip("torch")
 gt = pytest.importorskip("gpuaccel.torch")
 F = torch.nn.functional
 
+# every activation (not None), by the names the ops take
+NAMES = [name for name in ACTIVATION_NAMES if name]
 # the derivative reads the pre-activation (relu's reads y)
-SAVES_Z = [a for a in ACTIVATIONS if a != "relu"]
-TOL = {"float64": (1e-13, 1e-12), "float32": (3e-6, 3e-6), "float16": sum_tolerance("float16"),
-       "bfloat16": sum_tolerance("bfloat16")}
+SAVES_Z = [name for name in NAMES if ACTIVATIONS[name].saves == "preactivation"]
+TOL = MATMUL_TOLERANCE
 
 
 def tdtype(name):
@@ -59,13 +60,17 @@ def neighbours(values):
     return torch.cat([away, towards])
 
 
+# every activation's breakpoints (relu's 0, hardswish's -3 and 3)
+KINKS = sorted({k for act in ACTIVATIONS.values() for k in act.math.kinks})
+
+
 def special_points(dtype):
-    """Where activations are delicate: the breakpoints of relu (0) and
-    hardswish (-3, 3) and their neighbours in `dtype`, the zeros of the
-    GELUs' and silu's derivatives, saturation, and ordinary values."""
+    """Where activations are delicate: the breakpoints (KINKS first, in
+    their order) and their neighbours in `dtype`, the zeros of the GELUs'
+    and silu's derivatives, saturation, and ordinary values."""
     t = tdtype(dtype)
-    kinks = torch.tensor([0.0, -3.0, 3.0], dtype=t)
-    up, down = neighbours(kinks).split(3)
+    kinks = torch.tensor(KINKS, dtype=t)
+    up, down = neighbours(kinks).split(len(KINKS))
     big = 60.0 if dtype == "float16" else 1000.0
     others = torch.tensor([-0.0, -0.7517916, -2.399357, 1.0, -1.0, 0.5, -0.5, 2.5, -2.5, 5.0, -5.0, 10.0, -10.0,
                            30.0, -30.0, big, -big, 1e-3, -1e-3], dtype=torch.float64).to(t)
@@ -90,32 +95,33 @@ def bound(dtype, ref, terms):
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("activation", ACTIVATIONS)
-def test_values_and_derivatives_match_torch_at_delicate_points(activation, dtype):
+@pytest.mark.parametrize("name", NAMES)
+def test_values_and_derivatives_match_torch_at_delicate_points(name, dtype):
     """z goes through linear exactly (x = [[1]], w = z, no bias: y = act(z),
     and with grad_y = 1 the weight and bias gradients are act'(z) itself),
     so the kernels' activation is compared with torch's function and
     autograd at exactly those points — the breakpoints included, where only
     the same convention gives the same value (relu'(0) = 0, hardswish'(-3)
-    = 0, hardswish'(3) = 1)."""
+    = 0, hardswish'(3) = 1: the registry's derivative there, which
+    test_ops.py checks against torch's autograd at each kink)."""
+    act = activation(name)
     z = special_points(dtype)
     n = z.numel()
     x = torch.ones(1, 1, dtype=z.dtype)
     w = z.reshape(n, 1).clone()
-    y, aux = ga.linear(x, w, None, activation, save_preactivation=True)
+    y, aux = ga.linear(x, w, None, name, save_preactivation=True)
     zr = z.clone().requires_grad_(True)
-    yr = torch_activation(zr, activation)
+    yr = act.torch(zr)
     (dr,) = torch.autograd.grad(yr, zr, torch.ones_like(yr))
     got_y = as64(y).reshape(n).numpy()
     want_y = yr.detach().double().numpy()
     z64 = np.abs(z.double().numpy())
     bad = ~(np.abs(got_y - want_y) <= bound(dtype, want_y, z64))
-    assert not bad.any(), (activation, dtype, z.double()[bad], got_y[bad], want_y[bad])
-    _, gw, gb = ga.linear_backward(torch.ones(1, n, dtype=z.dtype), x, w, activation=activation,
-                                   preactivation=aux)
+    assert not bad.any(), (name, dtype, z.double()[bad], got_y[bad], want_y[bad])
+    _, gw, gb = ga.linear_backward(torch.ones(1, n, dtype=z.dtype), x, w, activation=name, preactivation=aux)
     want_d = dr.double().numpy()
     allowed = bound(dtype, want_d, 1 + z64)
-    if activation == "sigmoid" and dtype in ("float16", "bfloat16"):
+    if name == "sigmoid" and dtype in ("float16", "bfloat16"):
         # torch's autograd takes sigmoid' as (1 - y) y from the output y
         # rounded to the dtype; gpuaccel from z (in float32): apart by
         # |d((1 - y) y)/dy| times y's rounding
@@ -123,14 +129,12 @@ def test_values_and_derivatives_match_torch_at_delicate_points(activation, dtype
         allowed = allowed + 1.01 * UNIT_ROUNDOFF[dtype] * s * np.abs(1 - 2 * s)
     for got in (gw.astype("float64").numpy().reshape(n), gb.astype("float64").numpy()):
         bad = ~(np.abs(got - want_d) <= allowed)
-        assert not bad.any(), (activation, dtype, z.double()[bad], got[bad], want_d[bad])
+        assert not bad.any(), (name, dtype, z.double()[bad], got[bad], want_d[bad])
     # the conventions at the breakpoints, exactly
-    kinks = {0: z[0].item(), -3: z[1].item(), 3: z[2].item()}
+    assert act.math.kinks or name not in ("relu", "hardswish"), "the registry lost %s's breakpoints" % name
     d = dict(zip(z.tolist(), gb.astype("float64").numpy().tolist()))
-    if activation == "relu":
-        assert d[kinks[0]] == 0.0
-    if activation == "hardswish":
-        assert d[kinks[-3]] == 0.0 and d[kinks[3]] == 1.0
+    for kink in act.math.kinks:
+        assert d[kink] == act.grad(np.array([kink]))[0] == dr[KINKS.index(kink)].item(), (name, kink, d[kink])
     assert np.isfinite(got_y).all() and np.isfinite(gb.astype("float64").numpy()).all()
 
 
@@ -144,42 +148,50 @@ def check(got, ref, dtype, reduction, flip=0.0):
     assert_sum_close(np.asarray(got.astype("float64").numpy()), ref.detach().numpy(), dtype, reduction, TOL, flip)
 
 
-def torch_backward(z, activation, gy, dtype):
+def exact_grad(act, z):
+    """act'(z) for an activation whose derivative is 0 or 1 (read from y,
+    not rounded): the registry's float64 derivative, as a tensor."""
+    assert act.exact_gradient, act
+    return torch.from_numpy(act.grad(z.detach().double().numpy()))
+
+
+def torch_backward(z, name, gy, dtype):
     """dz as the kernels compute it: torch's autograd of the activation at
     the saved pre-activation (z rounded to the dtype), times grad_y,
     rounded to the dtype before the weight and bias sums."""
     zs = z.detach().to(tdtype(dtype)).double().requires_grad_(True)
-    (dz,) = torch.autograd.grad(torch_activation(zs, activation), zs, gy)
+    (dz,) = torch.autograd.grad(activation(name).torch(zs), zs, gy)
     return dz.to(tdtype(dtype)).double()
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("activation", ACTIVATIONS)
-def test_linear_and_matmul_forward_and_backward_match_torch(activation, dtype):
+@pytest.mark.parametrize("name", NAMES)
+def test_linear_and_matmul_forward_and_backward_match_torch(name, dtype):
+    act = activation(name)
     x, xr = rounded((3, 17, 29), dtype, 1)
     w, wr = rounded((23, 29), dtype, 2, scale=0.3)
     b, br = rounded((23,), dtype, 3)
     z = F.linear(xr, wr, br)
-    y, aux = ga.linear(x, w, b, activation, save_preactivation=True)
-    check(y, torch_activation(z, activation), dtype, 29)
-    check(ga.matmul(x, w.T, bias=b, activation=activation), torch_activation(z, activation), dtype, 29)
-    if activation in SAVES_Z:
+    y, aux = ga.linear(x, w, b, name, save_preactivation=True)
+    check(y, act.torch(z), dtype, 29)
+    check(ga.matmul(x, w.T, bias=b, activation=name), act.torch(z), dtype, 29)
+    if name in SAVES_Z:
         check(aux, z, dtype, 29)
     else:
         assert aux is y
     gy, gyr = rounded(tuple(z.shape), dtype, 4)
-    dz = torch_backward(z, activation, gyr, dtype) if activation in SAVES_Z else gyr * (z > 0)
-    gx, gw, gb = ga.linear_backward(gy, x, w, activation=activation, preactivation=aux)
-    flip = float(dz.abs().max()) if activation in SAVES_Z else 0.0
+    dz = torch_backward(z, name, gyr, dtype) if name in SAVES_Z else gyr * exact_grad(act, z)
+    gx, gw, gb = ga.linear_backward(gy, x, w, activation=name, preactivation=aux)
+    flip = float(dz.abs().max()) if name in SAVES_Z else 0.0
     check(gx, dz @ wr, dtype, 23, flip * float(wr.abs().max()))
     check(gw, dz.reshape(-1, 23).T @ xr.reshape(-1, 29), dtype, 51, flip * float(xr.abs().max()))
     check(gb, dz.reshape(-1, 23).sum(0), dtype, 51, flip)
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("layout", ["NCHW", "channels_last"])
-def test_conv2d_forward_and_backward_match_torch(activation, dtype, layout):
+def test_conv2d_forward_and_backward_match_torch(name, dtype, layout):
     x, xr = rounded((2, 6, 9, 8), dtype, 5)
     w, wr = rounded((8, 3, 3, 3), dtype, 6, scale=0.3)
     b, br = rounded((8,), dtype, 7)
@@ -187,30 +199,30 @@ def test_conv2d_forward_and_backward_match_torch(activation, dtype, layout):
         x = x.to(memory_format=torch.channels_last)
     geo = dict(stride=(2, 1), padding=1, groups=2)
     z = F.conv2d(xr, wr, br, **geo)
-    y, aux = ga.conv2d(x, w, b, activation=activation, save_preactivation=True, **geo)
-    check(y, torch_activation(z, activation), dtype, 27)
+    y, aux = ga.conv2d(x, w, b, activation=name, save_preactivation=True, **geo)
+    check(y, activation(name).torch(z), dtype, 27)
     gy, gyr = rounded(tuple(z.shape), dtype, 8)
-    if activation in SAVES_Z:
+    if name in SAVES_Z:
         check(aux, z, dtype, 27)
-        dz = torch_backward(z, activation, gyr, dtype)
+        dz = torch_backward(z, name, gyr, dtype)
         kw = dict(preactivation=aux)
     else:
-        dz = gyr * (z > 0)
+        dz = gyr * exact_grad(activation(name), z)
         kw = dict(y=y)
-    gx, gw, gb = ga.conv2d_backward(gy, x, w, activation=activation, **geo, **kw)
+    gx, gw, gb = ga.conv2d_backward(gy, x, w, activation=name, **geo, **kw)
     dz = dz.requires_grad_(False)
     xr.requires_grad_(True)
     wr.requires_grad_(True)
     gx_ref, gw_ref = torch.autograd.grad(F.conv2d(xr, wr, None, **geo), (xr, wr), dz)
-    flip = float(dz.abs().max()) if activation in SAVES_Z else 0.0
+    flip = float(dz.abs().max()) if name in SAVES_Z else 0.0
     check(gx, gx_ref, dtype, 8 * 9, flip * float(wr.detach().abs().max()))
     check(gw, gw_ref, dtype, 2 * 5 * 8, flip * float(xr.detach().abs().max()))
     check(gb, dz.sum((0, 2, 3)), dtype, 2 * 5 * 8, flip)
 
 
-@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("dispatch", ["gpuaccel", "torch"])
-def test_modules_match_the_layer_and_activation_module_a_model_uses(activation, dispatch, monkeypatch):
+def test_modules_match_the_layer_and_activation_module_a_model_uses(name, dispatch, monkeypatch):
     """FusedLinear / FusedConv2d(activation=a) against nn.Linear / nn.Conv2d
     followed by the activation's nn module, float64, outputs and every
     gradient: with gpuaccel's kernels at every size (what a GPU user gets)
@@ -219,11 +231,10 @@ def test_modules_match_the_layer_and_activation_module_a_model_uses(activation, 
     monkeypatch.setitem(gt.CPU_TORCH_THRESHOLD, "linear", limit)
     monkeypatch.setitem(gt.CPU_TORCH_THRESHOLD, "conv2d", limit)
     torch.manual_seed(11)
-    fused = torch.nn.Sequential(gt.FusedConv2d(3, 5, 3, padding=1, activation=activation), torch.nn.Flatten(),
-                                gt.FusedLinear(5 * 7 * 6, 9, activation=activation)).double()
-    plain = torch.nn.Sequential(torch.nn.Conv2d(3, 5, 3, padding=1), torch_activation_module(activation),
-                                torch.nn.Flatten(), torch.nn.Linear(5 * 7 * 6, 9),
-                                torch_activation_module(activation)).double()
+    fused = torch.nn.Sequential(gt.FusedConv2d(3, 5, 3, padding=1, activation=name), torch.nn.Flatten(),
+                                gt.FusedLinear(5 * 7 * 6, 9, activation=name)).double()
+    plain = torch.nn.Sequential(torch.nn.Conv2d(3, 5, 3, padding=1), activation(name).module(),
+                                torch.nn.Flatten(), torch.nn.Linear(5 * 7 * 6, 9), activation(name).module()).double()
     plain.load_state_dict({k.replace("2.", "3."): v for k, v in fused.state_dict().items()})
     x = torch.randn(4, 3, 7, 6, dtype=torch.float64) * 2
     xf, xp = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
@@ -237,19 +248,19 @@ def test_modules_match_the_layer_and_activation_module_a_model_uses(activation, 
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-11, atol=1e-12, msg=name)
 
 
-@pytest.mark.parametrize("activation", [None] + ACTIVATIONS)
-def test_export_decompositions_compute_the_fused_ops(activation):
+@pytest.mark.parametrize("name", ACTIVATION_NAMES)
+def test_export_decompositions_compute_the_fused_ops(name):
     """The decompositions the ONNX exporter uses for an exported program's
     custom ops: torch's standard ops computing what the fused op computes,
     the pre-activation output included where the backward would read it."""
     x, w, b = torch.randn(5, 7, dtype=torch.float64), torch.randn(4, 7, dtype=torch.float64), torch.randn(4)
     b = b.double()
-    act = gt._activation(activation)
+    act = gt._activation(name)
     y, pre = gt._linear_decomposition(x, w, b, act)
     fused_y, fused_pre = gt._linear(x, w, b, act)
     torch.testing.assert_close(y, fused_y, rtol=1e-12, atol=1e-13)
     assert pre.shape == fused_pre.shape
-    if activation in SAVES_Z:
+    if name in SAVES_Z:
         torch.testing.assert_close(pre, fused_pre, rtol=1e-12, atol=1e-13)
     xc, wc = torch.randn(1, 2, 5, 5, dtype=torch.float64), torch.randn(3, 2, 3, 3, dtype=torch.float64)
     yc, _ = gt._conv2d_decomposition(xc, wc, None, [1, 1], [1, 1], [1, 1], 1, act)
@@ -258,9 +269,10 @@ def test_export_decompositions_compute_the_fused_ops(activation):
 
 
 def test_names_are_parsed_once_for_every_entry():
-    assert gt.FusedLinear(2, 3, activation="gelu_erf").activation == "gelu"
+    for alias, name in ACTIVATION_ALIASES.items():
+        assert gt.FusedLinear(2, 3, activation=alias).activation == name
     assert "activation=gelu_tanh" in repr(gt.FusedConv2d(2, 3, 1, activation="gelu_tanh"))
-    for bad in ("GELU", "gelu_exact", "swish", "tanh", 3, b"relu"):
+    for bad in invalid_activations() + [3]:
         with pytest.raises(ValueError, match="activation must be None, 'relu', 'gelu'.*'sigmoid', got"):
             gt.FusedLinear(2, 3, activation=bad)
         with pytest.raises(ValueError, match="matmul: activation must be"):

@@ -11,15 +11,14 @@ import pytest
 
 import gpuaccel as ga
 
-from helpers import ACTIVATIONS, FLOAT_DTYPES, assert_sum_close, sum_tolerance, torch_activation
+from helpers import FLOAT_DTYPES, assert_sum_close
+from ops import ACTIVATION_NAMES, ACTIVATIONS, CONV_TOLERANCE, SMOOTH_ACTIVATIONS, invalid_activations
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
-# 16-bit results: float32 accumulation, one rounding to the output dtype, against float64 from
-# the same rounded inputs (helpers.sum_tolerance: a few ulps, not a percent)
-TOL = {"float64": (1e-12, 1e-11), "float32": (3e-6, 3e-6), "float16": sum_tolerance("float16"),
-       "bfloat16": sum_tolerance("bfloat16")}
+# |got - ref| <= atol * sqrt(reduction) + rtol * |ref|, by output dtype (ops.CONV_TOLERANCE)
+TOL = CONV_TOLERANCE
 
 GEOMETRIES = [
     # (N, C, H, W, K, R, S, stride, padding, dilation, groups)
@@ -46,8 +45,9 @@ def as_float64(a):
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("geometry", GEOMETRIES)
-@pytest.mark.parametrize("activation", [None] + ACTIVATIONS)
+@pytest.mark.parametrize("activation", ACTIVATION_NAMES)
 def test_forward_and_gradients_match_torch(rng, dtype, geometry, activation):
+    act = ACTIVATIONS[activation]
     n, c, h, w, k, r, s, stride, padding, dilation, groups = geometry
     x, xr = rounded(rng, (n, c, h, w), dtype)
     wt, wr = rounded(rng, (k, c // groups, r, s), dtype)
@@ -57,27 +57,24 @@ def test_forward_and_gradients_match_torch(rng, dtype, geometry, activation):
     wr.requires_grad_(True)
     br.requires_grad_(True)
     z = F.conv2d(xr, wr, br, **geo)
-    yr = torch_activation(z, activation)
+    yr = act.torch(z)
     y, aux = ga.conv2d(x, wt, b, activation=activation, save_preactivation=True, **geo)
     reduction = (c // groups) * r * s
     check(as_float64(y), yr.detach().numpy(), dtype, reduction)
     gy, gyr = rounded(rng, tuple(yr.shape), dtype)
-    saves_z = activation not in (None, "relu")  # the derivative reads the saved pre-activation
-    if saves_z:
-        # differentiate (torch's autograd) through the saved, rounded pre-activation, as the kernels
-        # do; they store the activation's gradient in the input dtype before the reductions: so does
-        # the reference
+    if act.saves == "preactivation":
+        # differentiate through the saved, rounded pre-activation, as the kernels do; they store
+        # the activation's gradient in the input dtype before the reductions: so does the reference
         zs = torch.from_numpy(as_float64(aux))
-        dz = gyr * torch.autograd.functional.vjp(lambda t: torch_activation(t, activation), zs,
-                                                 torch.ones_like(zs))[1]
+        dz = gyr * torch.autograd.functional.vjp(act.torch, zs, torch.ones_like(zs))[1]
         dz = dz.to(getattr(torch, dtype)).double()
         gx_ref, gw_ref, gb_ref = torch.autograd.grad(z, (xr, wr, br), dz)
     else:
         gx_ref, gw_ref, gb_ref = torch.autograd.grad(yr, (xr, wr, br), gyr)
-    gx, gw, gb = ga.conv2d_backward(gy, x, wt, activation=activation,
-                                    preactivation=aux if saves_z else None,
-                                    y=y if activation == "relu" else None, **geo)
-    dz_max = float(dz.abs().max()) if saves_z else 0.0  # dz rounded: see check()
+    gx, gw, gb = ga.conv2d_backward(gy, x, wt, activation=activation, **act.backward_kwargs(y, aux, prefer_y=True),
+                                    **geo)
+    flips = not act.exact_gradient  # dz rounded: see check()
+    dz_max = float(dz.abs().max()) if flips else 0.0
     w_max, x_max = float(wr.detach().abs().max()), float(xr.detach().abs().max())
     check(as_float64(gx), gx_ref.numpy(), dtype, k * r * s, flip=dz_max * w_max)
     check(as_float64(gw), gw_ref.numpy(), dtype, n * y.shape[2] * y.shape[3], flip=dz_max * x_max)
@@ -127,7 +124,7 @@ def test_out_and_needs_flags(rng):
         (dict(stride=0), ValueError, "stride must be an int >= 1"),
         (dict(padding=-1), ValueError, "padding must be an int >= 0"),
         (dict(dilation=(1, 2, 3)), ValueError, "dilation"),
-        (dict(activation="elu"), ValueError, "activation"),
+        (dict(activation=invalid_activations()[3]), ValueError, "activation"),
         (dict(layout="NDHWC"), ValueError, "layout"),
         (dict(dilation=4), ValueError, "output height would be empty"),
         (dict(groups=0), ValueError, "groups must be an int from 1"),
@@ -147,10 +144,15 @@ def test_shape_errors():
     with pytest.raises(ValueError, match="bias must have shape \\(6,\\) \\(the output channels\\), "
                                          "got shape \\(5,\\)"):
         ga.conv2d(ga.zeros((1, 4, 6, 6)), ga.zeros((6, 4, 3, 3)), ga.zeros(5))
-    for act in ACTIVATIONS[1:]:  # relu reads y or the pre-activation, the others the pre-activation
-        with pytest.raises(ValueError, match="activation='%s' needs preactivation" % act):
+    for name in SMOOTH_ACTIVATIONS:  # those whose backward needs the pre-activation: y is not enough
+        with pytest.raises(ValueError, match="activation='%s' needs preactivation" % name):
             ga.conv2d_backward(ga.zeros((1, 6, 4, 4)), ga.zeros((1, 4, 6, 6)), ga.zeros((6, 4, 3, 3)),
-                               activation=act, y=ga.zeros((1, 6, 4, 4)))
+                               activation=name, y=ga.zeros((1, 6, 4, 4)))
+    for act in ACTIVATIONS.values():
+        if act.saves == "output":  # relu: y or the pre-activation
+            with pytest.raises(ValueError, match="activation='%s' needs y .*or preactivation" % act.name):
+                ga.conv2d_backward(ga.zeros((1, 6, 4, 4)), ga.zeros((1, 4, 6, 6)), ga.zeros((6, 4, 3, 3)),
+                                   activation=act.name)
     with pytest.raises(ValueError, match="grad_y .* must be the forward output's shape"):
         ga.conv2d_backward(ga.zeros((1, 6, 5, 4)), ga.zeros((1, 4, 6, 6)), ga.zeros((6, 4, 3, 3)))
     with pytest.raises(TypeError, match="share one dtype"):

@@ -20,8 +20,8 @@ the CUDA 13 wheels) or from the CUDA toolkit (CUDA_HOME, /usr/local/cuda);
 g++ builds the probe.  Without either the tests skip and say what is missing.
 """
 
+import functools
 import glob
-import hashlib
 import json
 import os
 import re
@@ -29,9 +29,11 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-import tempfile
 
 import pytest
+
+from helpers import build_native, tool_env
+from ops import ACTIVATIONS, activation, conv_out_hw
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROBE_DIR = os.path.join(ROOT, "tests", "descriptors")
@@ -108,53 +110,19 @@ def _inputs():
     return files
 
 
-def tool_env(**extra):
-    """The compiler's and the probe's environment: without the sanitizer
-    runtime CI's ASan step preloads into Python (under it, g++'s own leaks
-    fail the build)."""
-    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-    env.update(extra)
-    return env
-
-
+@functools.cache
 def build_probe():
-    """The probe, built under the temp dir in a folder named by the hash of
-    its sources, flags and libraries: a changed kernels/cuda rebuilds it."""
+    """The probe, built from the source tree by helpers.build_native (a
+    changed kernels/cuda rebuilds it; so does another library, whose path
+    is in the link command)."""
     flags = ["-std=c++17", "-O0", "-Wall", "-Wno-unused-function", "-ffunction-sections", "-fdata-sections",
              "-I" + ROOT] + ["-I" + d for d in INCLUDES]
-    digest = hashlib.sha256()
-    for path in _inputs():
-        digest.update(path.encode() + b"\0" + open(path, "rb").read())
-    digest.update(json.dumps([CXX, flags, LIBRARIES]).encode())
-    out = os.path.join(tempfile.gettempdir(), "gpuaccel-descriptor-probe-" + digest.hexdigest()[:20])
-    probe = os.path.join(out, "probe")
-    if os.path.exists(probe):
-        return probe
-    work = tempfile.mkdtemp(prefix="gpuaccel-probe-build-")
-    objects = []
-    procs = []
-    for src in PROBE_SOURCES:
-        obj = os.path.join(work, src + ".o")
-        objects.append(obj)
-        procs.append((src, subprocess.Popen([CXX] + flags + ["-c", os.path.join(PROBE_DIR, src), "-o", obj],
-                                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                            env=tool_env())))
-    for src, proc in procs:
-        text = proc.communicate()[0]
-        if proc.returncode:
-            raise RuntimeError("compiling tests/descriptors/%s failed:\n%s" % (src, text[-8000:]))
     lib_dirs = sorted({os.path.dirname(p) for p in LIBRARIES})
-    link = [CXX] + objects + ["-o", os.path.join(work, "probe"), "-Wl,--gc-sections",
-                              "-Wl," + ",".join("--wrap=" + f for f in WRAPPED)]
-    link += ["-L" + d for d in lib_dirs] + ["-l:" + os.path.basename(p) for p in LIBRARIES]
-    link += ["-Wl,-rpath," + d for d in lib_dirs] + ["-pthread", "-ldl"]
-    proc = subprocess.run(link, capture_output=True, text=True, env=tool_env())
-    if proc.returncode:
-        raise RuntimeError("linking the descriptor probe failed:\n" + proc.stderr[-8000:])
-    os.makedirs(out, exist_ok=True)
-    os.replace(os.path.join(work, "probe"), probe)  # atomic: a parallel run sees all or nothing
-    shutil.rmtree(work, ignore_errors=True)
-    return probe
+    link_flags = ["-Wl,--gc-sections", "-Wl," + ",".join("--wrap=" + f for f in WRAPPED)]
+    link_flags += ["-L" + d for d in lib_dirs] + ["-l:" + os.path.basename(p) for p in LIBRARIES]
+    link_flags += ["-Wl,-rpath," + d for d in lib_dirs] + ["-pthread", "-ldl"]
+    return build_native("descriptor-probe", [(os.path.join(PROBE_DIR, src), [CXX] + flags) for src in PROBE_SOURCES],
+                        ([CXX], link_flags), depends=_inputs())
 
 
 def run_probe(lines):
@@ -234,18 +202,15 @@ GEOMETRIES = [
     (2, 4, 7, 9, 8, 3, 3, (2, 2), (1, 3), (2, 2), 4),
 ]
 
-# (bias, activation, preact): every forward epilogue gpuaccel fuses, each
-# activation with and without a bias and a saved pre-activation
-EPILOGUES = [(True, "none", False), (True, "none", True), (False, "relu", False), (True, "relu", False),
-             (True, "relu", True), (False, "relu", True), (False, "gelu_tanh", False), (True, "gelu_tanh", False),
-             (True, "gelu_tanh", True), (False, "gelu_tanh", True), (True, "gelu", False), (False, "gelu", True),
-             (True, "gelu", True), (False, "silu", False), (True, "silu", True), (True, "sigmoid", False),
-             (False, "sigmoid", True), (True, "hardswish", False), (True, "hardswish", True),
-             (False, "hardswish", False)]
-# cuDNN's pointwise mode for each activation (cudnn_graph.h); hardswish has none
-POINTWISE_MODE = {"relu": "CUDNN_POINTWISE_RELU_FWD", "gelu": "CUDNN_POINTWISE_GELU_FWD",
-                  "gelu_tanh": "CUDNN_POINTWISE_GELU_APPROX_TANH_FWD", "silu": "CUDNN_POINTWISE_SWISH_FWD",
-                  "sigmoid": "CUDNN_POINTWISE_SIGMOID_FWD"}
+# (bias, activation, preact): every forward epilogue gpuaccel fuses: a bias
+# alone, and each activation with and without a bias and a saved
+# pre-activation.  An activation cuDNN has no pointwise mode for
+# (hardswish) never gets a fused graph in conv.cu (its fusable() is false):
+# its cases check the graphs it does get, the split graph (conv + bias) and
+# the conv alone.
+EPILOGUES = [(True, "none", preact) for preact in (False, True)] + [
+    (bias, act.label, preact) for act in ACTIVATIONS.values() if act.name
+    for bias, preact in ((False, False), (True, False), (True, True), (False, True))]
 
 
 def packed_strides(dims, nhwc):
@@ -254,17 +219,12 @@ def packed_strides(dims, nhwc):
     return [c * h * w, 1, w * c, c] if nhwc else [c * h * w, h * w, w, 1]
 
 
-def out_size(size, k, stride, pad, dil):
-    return (size + 2 * pad - dil * (k - 1) - 1) // stride + 1
-
-
 class ConvCase:
     def __init__(self, name, dtype, layout, op, geometry, bias=False, act="none", preact=False):
         self.name, self.dtype, self.op = name, dtype, op
         self.nhwc = layout == "nhwc"
         n, c, h, w, k, r, s, self.stride, self.padding, self.dilation, self.groups = geometry
-        p = out_size(h, r, self.stride[0], self.padding[0], self.dilation[0])
-        q = out_size(w, s, self.stride[1], self.padding[1], self.dilation[1])
+        p, q = conv_out_hw((h, w), (r, s), self.stride, self.padding, self.dilation)
         self.dims = {"x": [n, c, h, w], "w": [k, c // self.groups, r, s], "y": [n, k, p, q]}
         self.dims["preact"] = self.dims["y"]
         self.dims["bias"] = [1, k, 1, 1]
@@ -291,9 +251,15 @@ class ConvCase:
     @property
     def fused(self):
         """A forward epilogue cuDNN can fuse into the graph (its activation
-        one of cuDNN's pointwise modes)."""
-        return self.op == "fwd" and (self.bias or self.act != "none") and (
-            self.act == "none" or self.act in POINTWISE_MODE)
+        one of cuDNN's pointwise modes): the probe then also builds the
+        fused graph."""
+        return self.op == "fwd" and (self.bias or self.act != "none") and self.fusable
+
+    @property
+    def fusable(self):
+        """Whether cuDNN has a pointwise mode for the activation (conv.cu
+        tries the fused graph only then)."""
+        return self.act == "none" or activation(self.act).cudnn_mode is not None
 
 
 def conv_cases():
@@ -473,7 +439,7 @@ def check_conv_graph(case, g, kind):
             modes.append(g.one(pw, "CUDNN_ATTR_POINTWISE_MODE", "CUDNN_TYPE_POINTWISE_MODE"))
             assert g.one(pw, "CUDNN_ATTR_POINTWISE_MATH_PREC", "CUDNN_TYPE_DATA_TYPE") == e[comp]
         want_modes = (["CUDNN_POINTWISE_ADD"] if case.bias else []) + (
-            [POINTWISE_MODE[case.act]] if case.act != "none" else [])
+            [activation(case.act).cudnn_mode] if case.act != "none" else [])
         assert modes == [e[m] for m in want_modes]
         if case.act == "silu":  # swish(x) = x sigmoid(beta x): silu is beta 1
             pw = g.linked(pointwise[-1], "CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR")
@@ -635,10 +601,11 @@ def matmul_cases():
             tag = "%s-%s%s" % (dtype, "at" if a_t else "a", "bt" if b_t else "b")
             cases.append(MatmulCase(tag + "-default", dtype, "CUBLASLT_EPILOGUE_DEFAULT", a_t, b_t))
             cases.append(MatmulCase(tag + "-bias", dtype, "CUBLASLT_EPILOGUE_BIAS", a_t, b_t, bias=1))
-            cases.append(MatmulCase(tag + "-relu-bias", dtype, "CUBLASLT_EPILOGUE_RELU_BIAS", a_t, b_t, bias=1,
-                                    act="relu"))
-            cases.append(MatmulCase(tag + "-gelu-bias", dtype, "CUBLASLT_EPILOGUE_GELU_BIAS", a_t, b_t, bias=1,
-                                    act="gelu_tanh"))
+            for act in ACTIVATIONS.values():  # each activation cuBLASLt has an epilogue for
+                if act.cublaslt:
+                    cases.append(MatmulCase("%s-%s-bias" % (tag, act.label), dtype,
+                                            "CUBLASLT_EPILOGUE_%s_BIAS" % act.cublaslt, a_t, b_t, bias=1,
+                                            act=act.label))
             cases.append(MatmulCase(tag + "-gelu-aux", dtype, "CUBLASLT_EPILOGUE_GELU_AUX", a_t, b_t,
                                     act="gelu_tanh", preact=1))
             cases.append(MatmulCase(tag + "-gelu-aux-bias", dtype, "CUBLASLT_EPILOGUE_GELU_AUX_BIAS", a_t, b_t,
@@ -765,6 +732,14 @@ ROUTES = [
     ("dsilu", "float32", None, "GA_FALLBACK_EPILOGUE", {"dact": "silu", "dact_aux": 1}),
     ("dgelu-erf-bgrad", "bfloat16", None, "GA_FALLBACK_EPILOGUE", {"dact": "gelu", "dact_aux": 1, "col_sums": 1}),
 ]
+# every activation cuBLASLt has no epilogue for (a new one included): the
+# split route's GEMM + bias, then gpuaccel's epilogue kernel, forward (with
+# and without a saved pre-activation) and backward
+ROUTES += [route for act in ACTIVATIONS.values() if act.name and not act.cublaslt for route in [
+    ("every-%s-bias" % act.label, "float32", None, "GA_FALLBACK_EPILOGUE", {"bias": 1, "act": act.label}),
+    ("every-%s-preact" % act.label, "float16", None, "GA_FALLBACK_EPILOGUE", {"act": act.label, "preact": 1}),
+    ("every-d%s" % act.label, "bfloat16", None, "GA_FALLBACK_EPILOGUE", {"dact": act.label, "dact_aux": 1}),
+]]
 
 
 @pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")

@@ -11,6 +11,8 @@ import pytest
 
 import gpuaccel as ga
 
+from ops import normalize_ref
+
 pytestmark = pytest.mark.cuda
 torch = pytest.importorskip("torch")
 PIL = pytest.importorskip("PIL.Image")
@@ -40,7 +42,7 @@ def reference(pairs, label, geometry, epoch, seed, decode="cpu"):
     so does the GPU path's reference)."""
     decoded = ga.decode_image(pairs[label][0], geometry, index=label, epoch=epoch, seed=seed,
                               dct_scaling=decode == "cpu")
-    return (decoded / 255.0 - np.array(MEAN)) / np.array(STD), decoded
+    return normalize_ref(decoded[None], MEAN, STD)[0], decoded
 
 
 @pytest.mark.parametrize("decode", ["cpu", "gpu"])
@@ -60,7 +62,7 @@ def test_batches_are_the_samples_decoded_and_normalized(rng, tmp_path, decode, l
         assert x.device == "cuda:0" and x.shape[1:] == (3, 31, 26)
         for image, label in zip(x.numpy(), y.numpy()):
             ref, _ = reference(pairs, label, geometry, 1, 2, decode)
-            err = np.abs(image.transpose(1, 2, 0) - ref)
+            err = np.abs(image - ref)
             # the CPU decode is the reference's own; the GPU's resize sums in
             # one pass where the CPU rounds between two (up to 2 units off
             # the exact value): up to 3 units apart, rarely more than 0
@@ -122,5 +124,4 @@ def test_over_a_dataloader_on_the_device(rng):
                              output="gpuaccel")
     for x, y in loader:
         assert x.device == "cuda:0"
-        ref = (images[y.numpy()] / 255.0 - np.array(MEAN)) / np.array(STD)
-        np.testing.assert_allclose(x.numpy().transpose(0, 2, 3, 1), ref, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(x.numpy(), normalize_ref(images[y.numpy()], MEAN, STD), rtol=1e-6, atol=1e-6)

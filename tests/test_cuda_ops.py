@@ -7,7 +7,8 @@ import pytest
 
 import gpuaccel as ga
 
-from helpers import ACTIVATIONS, FLOAT_DTYPES, LONG_SLEEP_CYCLES, UNIT_ROUNDOFF, assert_within
+from helpers import FLOAT_DTYPES, LONG_SLEEP_CYCLES, UNIT_ROUNDOFF, assert_within
+from ops import ACTIVATION_NAMES, ACTIVATIONS, OPS, f64
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -24,8 +25,6 @@ pytestmark = pytest.mark.cuda
 # plus float32 accumulation on both sides: not a percent.
 TOL = {"float64": (1e-12, 1e-12), "float32": (2e-5, 2e-5)}
 ROUNDINGS = 4  # 1 on the CPU, 2 on the GPU, the first times the activation's slope (<= 1.5) and the sums' order
-# the largest |act'(z)| of each activation whose derivative reads z, for the flips of close()
-SLOPE = {"gelu": 1.13, "gelu_tanh": 1.13, "silu": 1.1, "hardswish": 1.5, "sigmoid": 0.25}
 
 
 def close(got, ref, dtype, k, flip=0.0, before=None):
@@ -44,10 +43,6 @@ def close(got, ref, dtype, k, flip=0.0, before=None):
             bad.sum(), bad.size, err[bad].max(), bound[bad][np.argmax(err[bad])])
     else:
         assert_within(g, r, *TOL[dtype], k)
-
-
-def f64(a):
-    return np.asarray(a.to("cpu").astype("float64").numpy())
 
 
 def biggest(a):
@@ -74,7 +69,7 @@ def highest_precision():
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("m,k,n", [(1, 1, 1), (7, 5, 3), (129, 33, 65), (257, 1000, 17), (3, 0, 4), (0, 5, 6)])
-@pytest.mark.parametrize("activation", [None] + ACTIVATIONS)
+@pytest.mark.parametrize("activation", ACTIVATION_NAMES)
 def test_matmul_matches_cpu(rng, dtype, m, k, n, activation):
     a, ag = pair(rng, (m, k), dtype)
     b, bg = pair(rng, (k, n), dtype)
@@ -111,7 +106,7 @@ def test_misaligned_bias_falls_back_and_is_counted(rng):
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("activation", [None] + ACTIVATIONS)
+@pytest.mark.parametrize("activation", ACTIVATION_NAMES)
 @pytest.mark.parametrize("shape", [(5, 33), (2, 3, 129), (6, 0)])  # in_features 0: grad_bias still sums
 def test_linear_forward_and_backward_match_cpu(rng, dtype, activation, shape):
     out_features = 47
@@ -128,21 +123,24 @@ def test_linear_forward_and_backward_match_cpu(rng, dtype, activation, shape):
     ref = ga.linear_backward(gy, x, w, activation=activation, preactivation=aux_same)
     got = ga.linear_backward(gyg, xg, wg, activation=activation, preactivation=auxg_same)
     rows = int(np.prod(shape[:-1]))
-    flip = SLOPE.get(activation, 0.0) * biggest(gy) * max(biggest(x), biggest(w))
+    act = ACTIVATIONS[activation]
+    flip = act.math.max_slope * biggest(gy) * max(biggest(x), biggest(w)) if not act.exact_gradient else 0.0
     for g, r, k in zip(got, ref, (out_features, rows, rows)):
         close(g, r, dtype, k, flip)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("activation", [name for name in ACTIVATION_NAMES if name])
 def test_each_activation_takes_its_documented_route(rng, activation):
     """A linear's activation fuses into cuBLASLt's epilogue where cuBLASLt
-    has one (relu, tanh-GELU); the others take the split route (GEMM + bias
-    in cuBLASLt, then gpuaccel's kernel), counted as a documented
-    'epilogue' fallback — never a warning or, under the tests' 'raise'
-    policy, an error.  A conv's fuses into cuDNN's graph where cuDNN has an
-    engine for it (runtime fusion: not on every GPU), hardswish never (no
-    pointwise mode)."""
+    has one (the registry's `cublaslt`: relu, tanh-GELU); the others take
+    the split route (GEMM + bias in cuBLASLt, then gpuaccel's kernel),
+    counted as a documented 'epilogue' fallback — never a warning or, under
+    the tests' 'raise' policy, an error.  A conv's fuses into cuDNN's graph
+    where cuDNN has an engine for it (runtime fusion: not on every GPU),
+    never where cuDNN has no pointwise mode for it (`cudnn_mode` None:
+    hardswish)."""
+    act = ACTIVATIONS[activation]
     x, xg = pair(rng, (96, 136), "bfloat16")
     w, wg = pair(rng, (72, 136), "bfloat16")
     b, bg = pair(rng, (72,), "bfloat16")
@@ -151,10 +149,10 @@ def test_each_activation_takes_its_documented_route(rng, activation):
     after = ga.matmul_stats()
     y, aux = ga.linear(x, w, b, activation=activation, save_preactivation=True)
     close(yg, y, "bfloat16", 136, before=f64(x) @ f64(w).T)
-    if activation in SLOPE:
+    if act.saves == "preactivation":
         close(auxg, aux, "bfloat16", 136)
     grown = {k: after["fallback_reasons"][k] - before["fallback_reasons"][k] for k in after["fallback_reasons"]}
-    if activation in ("relu", "gelu_tanh"):
+    if act.cublaslt:
         assert after["fused"] == before["fused"] + 1 and not any(grown.values()), (before, after)
     else:
         assert after["fused"] == before["fused"] and after["fallback"] == before["fallback"] + 1
@@ -170,7 +168,7 @@ def test_each_activation_takes_its_documented_route(rng, activation):
     z64 = f64(ga.conv2d(c.astype("float64"), k.astype("float64"), cb.astype("float64"), padding=1))
     close(yc, ga.conv2d(c, k, cb, padding=1, activation=activation), "bfloat16", 144, before=z64)
     grown = {r: after["fallback_reasons"][r] - before["fallback_reasons"][r] for r in after["fallback_reasons"]}
-    if activation == "hardswish":
+    if act.cudnn_mode is None:
         assert after["fused"] == before["fused"] and grown["epilogue"] == 1, (before, after)
     else:  # fused, or a documented limit: no engine for the fused graph here
         assert after["fused"] == before["fused"] + 1 or grown["not_supported"] == 1, (before, after)
@@ -188,7 +186,7 @@ def test_deterministic_mode_gives_identical_bits(rng):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-@pytest.mark.parametrize("activation", [None] + ACTIVATIONS)
+@pytest.mark.parametrize("activation", ACTIVATION_NAMES)
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
 @pytest.mark.parametrize("geometry", [
     # n, c, h, w, k, r, s, stride, padding, dilation, groups
@@ -227,17 +225,54 @@ def test_conv2d_matches_cpu(rng, dtype, activation, layout, geometry):
     z64 = f64(ga.conv2d(x.astype("float64"), wt.astype("float64"), b.astype("float64"), **geo))
     close(yg, y, dtype, red, before=np.maximum(np.abs(product), np.abs(z64)))
     gy, gyg = pair(rng, y.shape, dtype)
-    kw = {}
-    if activation in SLOPE:  # the derivative reads the pre-activation
-        kw = dict(preactivation=(aux, aux.to("cuda")))
-    elif activation == "relu":
-        kw = dict(y=(y, y.to("cuda")))
+    act = ACTIVATIONS[activation]
+    kw = {k_: (v, v.to("cuda")) for k_, v in act.backward_kwargs(y, aux, prefer_y=True).items()}
     ref = ga.conv2d_backward(gy, x, wt, activation=activation, **{k_: v[0] for k_, v in kw.items()}, **geo)
     got = ga.conv2d_backward(gyg, xg, wtg, activation=activation, **{k_: v[1] for k_, v in kw.items()}, **geo)
     pixels = n * y.size // (n * k)
-    flip = SLOPE.get(activation, 0.0) * biggest(gy) * max(biggest(x), biggest(wt))
+    flip = act.math.max_slope * biggest(gy) * max(biggest(x), biggest(wt)) if not act.exact_gradient else 0.0
     for g, rr, kk in zip(got, ref, (k * r * s, pixels, pixels)):
         close(g, rr, dtype, kk, flip)
+
+
+# ------------------------------------------------------- every registry op
+
+def _same_on_the_cpu(op, sample, got, want):
+    """got (the device's outputs) against want (the CPU's) as op.device_check
+    says: the same bits, sums in another order (close), or each within the
+    op's tolerance of the float64 reference."""
+    if op.device_check == "reference":
+        op.check(sample, got)
+        return
+    expected = op.reference(sample)
+    for g, w, e in zip(got, want, expected):
+        assert (g is None) == (w is None), sample
+        if w is None:
+            continue
+        if op.device_check == "bits":
+            assert g.numpy().tobytes() == w.numpy().tobytes(), sample
+        else:
+            close(g, w, w.dtype, e.reduction, e.flip, before=e.before)
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_every_registry_sample_matches_cpu(rng, name):
+    """Each sample of each op in tests/ops.py that can move to the device
+    (gpuaccel Arrays, or host data the op moves itself), in each dtype."""
+    op = OPS[name]
+    ran = 0
+    for dtype in op.dtypes:
+        for sample in op.samples(rng, dtype):
+            on_device = sample.to("cuda")
+            if on_device is None:
+                continue
+            got, want = op.run(on_device), op.run(sample)
+            if op.device_check != "reference":  # (the logger's outputs are host summaries)
+                for g in got:
+                    assert g is None or g.device.type == "cuda", (sample, g)
+            _same_on_the_cpu(op, on_device, got, want)
+            ran += 1
+    assert ran, "no sample of %s could move to the device" % name
 
 
 # ------------------------------------------------------------------ torch
@@ -255,7 +290,7 @@ def test_fused_linear_on_cuda_matches_torch_and_uses_torchs_stream():
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
         y = layer(x)
-        yr = F.gelu(ref(xr))
+        yr = ACTIVATIONS["gelu"].torch(ref(xr))
         (y.square().sum()).backward()
         (yr.square().sum()).backward()
     torch.cuda.synchronize()

@@ -13,6 +13,8 @@ import pytest
 
 import gpuaccel as ga
 
+from ops import normalize_ref
+
 PIL = pytest.importorskip("PIL.Image")
 torch = pytest.importorskip("torch")
 tv = pytest.importorskip("torchvision")
@@ -374,8 +376,8 @@ def test_loader_batches_are_the_decoded_samples_normalized(rng, tmp_path, dtype,
             assert x.is_contiguous(memory_format=torch.channels_last)
         for image, label in zip(x.float().numpy(), y.numpy()):
             decoded = ga.decode_image(pairs[label][0], geometry, index=label, epoch=2, seed=4)
-            ref = (decoded / 255.0 - np.array(MEAN)) / np.array(STD)
-            err = np.abs(image.transpose(1, 2, 0) - ref)
+            ref = normalize_ref(decoded[None], MEAN, STD)[0]
+            err = np.abs(image - ref)
             assert (err <= tolerance * (1 + np.abs(ref))).all(), err.max()
         seen += y.tolist()
     assert sorted(seen) == list(range(len(pairs)))
@@ -466,8 +468,8 @@ def test_over_a_dataloader(rng, channels_first, layout):
     seen = []
     for x, y in loader:
         assert x.shape[1:] == (3, 13, 11) and x.dtype == torch.float32
-        ref = (images[y.numpy()] / 255.0 - np.array(MEAN)) / np.array(STD)
-        err = np.abs(x.numpy().transpose(0, 2, 3, 1) - ref)
+        ref = normalize_ref(images[y.numpy()], MEAN, STD)
+        err = np.abs(x.numpy() - ref)
         assert (err <= 1e-6 * (1 + np.abs(ref))).all()
         seen += y.tolist()
     assert sorted(seen) == list(range(45))

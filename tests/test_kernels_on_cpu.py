@@ -23,30 +23,28 @@ import os
 import re
 import shutil
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
-from helpers import ACTIVATIONS, TOLERANCE, activation_grad_ref, activation_ref, cuda_include_dir, numpy_dtype, seed_for
+from helpers import TOLERANCE, assert_within, build_native, cuda_include_dir, numpy_dtype, seed_for, tool_env
+from ops import (
+    ACTIVATIONS,
+    activation,
+    cast_ref,
+    conv_bwd_data64,
+    conv_bwd_filter64,
+    conv_fwd64,
+    conv_out_hw,
+    f64,
+    resize_weights64,
+    round_to,
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCHEDULES = ["forward", "reverse", "random:1"]
 FLOATS = ["float16", "bfloat16", "float32", "float64"]
 DTYPES = ["bool", "uint8", "int8", "int16", "int32", "int64"] + FLOATS
-
-
-def _activation_values():
-    """kernels.h's ga_activation values by name: the driver takes the
-    numbers, and the enum is read from the header the kernels compile."""
-    text = open(os.path.join(ROOT, "kernels", "kernels.h")).read()
-    body = re.search(r"typedef enum \{([^}]*)\} ga_activation;", text).group(1)
-    names = [m.lower() for m in re.findall(r"GA_ACT_(\w+)", body) if m != "COUNT"]
-    assert sorted(names) == sorted(["none"] + ACTIVATIONS), names
-    return {name: k for k, name in enumerate(names)}
-
-
-ACT = _activation_values()
 
 # ------------------------------------------------------------------ build
 
@@ -81,24 +79,18 @@ SANITIZER_FLAGS = {
 }
 
 
-def clean_env(**extra):
-    """The environment of the compilers and drivers: without a preloaded
-    sanitizer runtime (CI's ASan step preloads libasan into Python)."""
-    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-    env.update(extra)
-    return env
-
-
-def _newest(paths):
-    return max((os.path.getmtime(p) for p in paths), default=0.0)
+def backend_c_sources():
+    """The CPU backend (kernels/cpu) and the C shared by the backends
+    (kernels/*.c; the CPU-only stand-ins and the simulator live in
+    kernels/nocuda and kernels/sim)."""
+    return sorted(glob.glob(os.path.join(ROOT, "kernels", "cpu", "*.c"))) + sorted(
+        glob.glob(os.path.join(ROOT, "kernels", "*.c")))
 
 
 def build_driver(variant):
     """tests/cudacpu/driver.cpp linked with kernels/cuda (through the
-    layer) and kernels/cpu, in build/cudacpu/<variant>/; only what changed
-    is rebuilt."""
-    out = os.path.join(ROOT, "build", "cudacpu", variant)
-    os.makedirs(out, exist_ok=True)
+    layer) and kernels/cpu (helpers.build_native: only what changed is
+    rebuilt)."""
     headers = [p for pattern in ("kernels/*.h", "kernels/*/*.h", "kernels/*/*.cuh")
                for p in glob.glob(os.path.join(ROOT, pattern))]
     san = SANITIZER_FLAGS[variant]
@@ -115,29 +107,9 @@ def build_driver(variant):
     for name in ("fiber.cpp", "cudart.cpp"):
         jobs.append((os.path.join(ROOT, "kernels", "cudacpu", name), cxx + layer_san))
     jobs.append((os.path.join(ROOT, "tests", "cudacpu", "driver.cpp"), cxx + san))
-    for src in sorted(glob.glob(os.path.join(ROOT, "kernels", "cpu", "*.c"))) + sorted(
-            glob.glob(os.path.join(ROOT, "kernels", "*.c"))):
+    for src in backend_c_sources():
         jobs.append((src, [CC, "-std=c11"] + common + san))
-
-    def compile_one(job):
-        src, cmd = job
-        obj = os.path.join(out, os.path.relpath(src, ROOT).replace(os.sep, "_") + ".o")
-        if not os.path.exists(obj) or os.path.getmtime(obj) < _newest([src] + headers):
-            proc = subprocess.run(cmd + ["-c", src, "-o", obj], capture_output=True, text=True, env=clean_env())
-            if proc.returncode:
-                raise RuntimeError("compiling %s failed:\n%s" % (src, proc.stderr[-6000:]))
-        return obj
-
-    workers = int(os.environ.get("GPUACCEL_JOBS", "0")) or os.cpu_count() or 1
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        objects = list(pool.map(compile_one, jobs))
-    binary = os.path.join(out, "cudacpu_driver")
-    if not os.path.exists(binary) or os.path.getmtime(binary) < _newest(objects):
-        proc = subprocess.run([CXX] + objects + ["-o", binary, "-pthread", "-lm"] + SANITIZER_FLAGS[variant],
-                              capture_output=True, text=True, env=clean_env())
-        if proc.returncode:
-            raise RuntimeError("linking the driver failed:\n" + proc.stderr[-6000:])
-    return binary
+    return build_native("cudacpu-" + variant, jobs, ([CXX], ["-pthread", "-lm"] + san), depends=headers)
 
 
 _built = {}
@@ -270,10 +242,6 @@ def dtype_name(dt):
     return {np.dtype(np.bool_): "bool"}.get(dt, dt.name)
 
 
-def f64(a):
-    return np.asarray(a).astype(np.float64)
-
-
 def strided(rng, values, reverse_axis=None):
     """values viewed in a larger buffer: every axis stepped by 1 or 2 with
     a random start, one axis optionally reversed; same contents."""
@@ -315,48 +283,23 @@ def acc_of(*dtypes):
     return "float64" if "float64" in dtypes else "float32"
 
 
-def assert_within(actual, reference, bound, what):
-    actual = f64(actual)
-    err = np.abs(actual - reference)
-    bad = ~(err <= bound)
-    assert not bad.any(), "%s: %d of %d elements off; worst %g (bound %g) at %s" % (
-        what, bad.sum(), bad.size, np.nanmax(np.where(bad, err, 0)), np.max(np.where(bad, bound, 0)),
-        np.unravel_index(np.argmax(np.where(bad, err, -1)), err.shape))
-
-
 def rounding_bound(reference, dtype):
     atol, rtol = TOLERANCE[dtype]
     return atol + rtol * np.abs(reference)
 
 
-def act64(act, z):
-    return activation_ref(z, act)
+LABELS = [act.label for act in ACTIVATIONS.values()]
 
 
-def act_grad64(act, z):
-    return activation_grad_ref(z, act)
-
-
-def cast_to(x64, dtype):
-    return f64(np.asarray(x64).astype(numpy_dtype(dtype)))
+def with_every_activation(plans, index, templates):
+    """plans, and for each activation no plan uses, a copy of each template
+    with that activation (its label at `index`): a new activation runs
+    through every kernel that applies one."""
+    used = {plan[index] for plan in plans}
+    return plans + [t[:index] + (label,) + t[index + 1:] for label in LABELS if label not in used for t in templates]
 
 
 # ---------------------------------------------------------- copy and fill
-
-
-def convert_ref(src, dst_dtype):
-    """kernels/convert.h's casts: float to float rounds once, float to
-    integer truncates toward zero and saturates (NaN to 0), integer to
-    integer wraps, anything to bool is != 0."""
-    dt = numpy_dtype(dst_dtype)
-    if dst_dtype == "bool":
-        return src != 0
-    if dt.kind in "iu" and (src.dtype.kind == "f" or src.dtype == numpy_dtype("bfloat16")):
-        info = np.iinfo(dt)
-        t = np.trunc(np.nan_to_num(f64(src), nan=0.0))
-        return np.clip(t, info.min, info.max).astype(dt)
-    return src.astype(np.float64 if src.dtype.kind in "fb" or src.dtype == numpy_dtype("bfloat16")
-                      else src.dtype).astype(dt)
 
 
 def copy_cases(rng):
@@ -372,7 +315,7 @@ def copy_cases(rng):
             c.limit_grid("copy_kernel", 1)  # one block walks the whole grid-stride loop
 
         def check(out, src=src, dst_dtype=dst_dtype):
-            np.testing.assert_array_equal(f64(out["dst"]), f64(convert_ref(src, dst_dtype)))
+            np.testing.assert_array_equal(f64(out["dst"]), f64(cast_ref(src, dst_dtype)))
         c.check = check
         cases.append(c)
     for k, dtype in enumerate(DTYPES):
@@ -415,6 +358,7 @@ def bias_act_cases(rng):
               ("float64", "float64", "float64", "hardswish"), ("float32", "bfloat16", "float32", "sigmoid"),
               ("float32", "float32", "float32", "silu"), ("float64", "float64", "float64", "sigmoid"),
               ("float16", "float16", "float16", "hardswish"), ("float64", "float64", "float64", "gelu_tanh")]
+    combos = with_every_activation(combos, 3, combos[:1])
     for k, (x_dtype, y_dtype, b_dtype, act) in enumerate(combos):
         shape, channel_dim = [((3, 37, 29), 2), ((2, 5, 7, 9), 1), ((301,), 0)][k % 3]
         x = values(rng, shape, x_dtype)
@@ -430,7 +374,7 @@ def bias_act_cases(rng):
         c.ptr("bias", bias)
         c.dtype("bias_dtype", b_dtype)
         c.ints("channel_dim", channel_dim)
-        c.ints("activation", ACT[act])
+        c.ints("activation", activation(act).code)
         if k == 1:
             c.limit_grid("bias_act_kernel", 1)
         bshape = [1] * len(shape)
@@ -441,9 +385,9 @@ def bias_act_cases(rng):
             z = f64(x) + f64(bias)
             z_bound = EPS[acc] * np.abs(z)
             if pre:
-                assert_within(out["preact"], z, z_bound + rounding_bound(z, y_dtype), "preact")
-            y = act64(act, z)
-            assert_within(out["y"], y, 2 * z_bound + 8 * EPS[acc] * np.abs(y) + rounding_bound(y, y_dtype), "y")
+                assert_within(out["preact"], z, z_bound + rounding_bound(z, y_dtype), what="preact")
+            y = activation(act).ref(z)
+            assert_within(out["y"], y, 2 * z_bound + 8 * EPS[acc] * np.abs(y) + rounding_bound(y, y_dtype), what="y")
         c.check = check
         cases.append(c)
     return cases
@@ -483,6 +427,7 @@ def act_backward_cases(rng):
         ("tile8", (67, 101), 1, ("float64", "float64", "float64", "float64"), "sigmoid", None),
         ("tile8", (33, 45), 1, ("float16", "float16", "float16", "float32"), "gelu_tanh", None),
     ]
+    plans = with_every_activation(plans, 4, [plans[0], plans[7], plans[11]])
     for k, (kind, shape, channel_dim, (g_dtype, a_dtype, dz_dtype, bg_dtype), act, limit) in enumerate(plans):
         g = values(rng, shape, g_dtype)
         aux = values(rng, shape, a_dtype)
@@ -497,7 +442,7 @@ def act_backward_cases(rng):
                      else poison(shape, dz_dtype), written=True)
         else:
             c.no_data("dz", dz_dtype)
-        c.ints("activation", ACT[act])
+        c.ints("activation", activation(act).code)
         if bg_dtype:
             c.ptr("bias_grad", poison((shape[channel_dim],), bg_dtype), written=True)
             c.dtype("bias_grad_dtype", bg_dtype)
@@ -509,28 +454,33 @@ def act_backward_cases(rng):
 
         def check(out, g=g, aux=aux, act=act, dz_dtype=dz_dtype, bg_dtype=bg_dtype, channel_dim=channel_dim,
                   has_dz=has_dz, acc=acc):
-            dz = f64(g) * act_grad64(act, f64(aux) if act != "none" else f64(g))
+            dz = f64(g) * activation(act).grad(f64(aux) if act != "none" else f64(g))
             dz_bound = 8 * EPS[acc] * np.abs(dz) + rounding_bound(dz, dz_dtype)
             if has_dz:
-                assert_within(out["dz"], dz, dz_bound, "dz")
+                assert_within(out["dz"], dz, dz_bound, what="dz")
             if bg_dtype:
                 # the gradient sums dz as stored: the kernel's own dz when it
                 # writes one, else dz rounded from float64 (which may differ
                 # from the kernel's by one rounding per element)
                 axes = tuple(d for d in range(g.ndim) if d != channel_dim)
-                stored = f64(out["dz"]) if has_dz else cast_to(dz, dz_dtype)
+                stored = f64(out["dz"]) if has_dz else round_to(dz, dz_dtype)
                 total = stored.sum(axis=axes)
                 magnitude = np.abs(stored).sum(axis=axes)
                 bound = 4 * EPS[acc] * magnitude * max(2, np.log2(stored.size)) + rounding_bound(total, bg_dtype)
                 if not has_dz:
                     bound = bound + 2 * EPS[dz_dtype] * magnitude
-                assert_within(out["bias_grad"], total, bound, "bias_grad")
+                assert_within(out["bias_grad"], total, bound, what="bias_grad")
         c.check = check
         cases.append(c)
     return cases
 
 
 # ----------------------------------------------------------------- matmul
+
+
+def epilogue_act(epilogue):
+    """The activation a matmul plan's epilogue names ("bias_gelu_preact")."""
+    return max((label for label in LABELS if label != "none" and label in epilogue), key=len, default="none")
 
 
 def matmul_cases(rng):
@@ -561,6 +511,9 @@ def matmul_cases(rng):
         ("float16", "float32", 1, 23, 17, 29, "split_bias_sigmoid_preact"),
         ("float32", "float32", 1, 17, 23, 21, "split_bias_relu_preact"),
     ]
+    plans += [extra for label in LABELS if label != "none" and not any(epilogue_act(p[6]) == label for p in plans)
+              for extra in [("float32", "float32", 2, 37, 45, 29, "bias_%s_preact" % label),
+                            ("float64", "float64", 1, 33, 17, 31, "dact_%s_col_sums" % label)]]
     for k, (dtype, d_dtype, batch, M, K, N, epilogue) in enumerate(plans):
         a = values(rng, (batch, M, K), dtype)
         b = values(rng, (batch, K, N), dtype)
@@ -578,13 +531,13 @@ def matmul_cases(rng):
             fields["bias"] = values(rng, (N,), d_dtype)
             c.ptr("bias", fields["bias"])
             c.dtype("bias_dtype", d_dtype)
-        act = next((a for a in sorted(ACTIVATIONS, key=len, reverse=True) if "_" + a in epilogue), "none")
+        act = epilogue_act(epilogue)
         if epilogue.startswith("dact"):
             fields["aux"] = values(rng, (batch, M, N), d_dtype)
-            c.ints("dact", ACT[act])
+            c.ints("dact", activation(act).code)
             c.matrix("dact_aux", strided(rng, fields["aux"]))
         elif act != "none":
-            c.ints("activation", ACT[act])
+            c.ints("activation", activation(act).code)
         if "preact" in epilogue:
             c.matrix("preact", strided(rng, poison((batch, M, N), d_dtype)), written=True)
         if "col_sums" in epilogue:
@@ -602,25 +555,26 @@ def matmul_cases(rng):
             ab_bound = 4 * (K + 1) * EPS[acc] * np.matmul(np.abs(f64(a)), np.abs(f64(b)))
             stored = ab_bound + rounding_bound(ab, d_dtype)  # D is written, then the epilogue reads it
             if epilogue.startswith("dact"):
-                g = act_grad64(act, f64(fields["aux"]))
+                g = activation(act).grad(f64(fields["aux"]))
                 d = ab * g
                 bound = stored * np.abs(g) + 8 * EPS[acc] * np.abs(d) + rounding_bound(d, d_dtype)
-                assert_within(out["d"], d, bound, "d")
+                assert_within(out["d"], d, bound, what="d")
             else:
                 z = ab + (f64(fields["bias"]) if "bias" in fields else 0)
                 if "preact" in epilogue:
-                    assert_within(out["preact"], z, 2 * stored + rounding_bound(z, d_dtype), "preact")
-                d = act64(act, z)
-                assert_within(out["d"], d, 2.5 * stored + 8 * EPS[acc] * np.abs(d) + rounding_bound(d, d_dtype), "d")
+                    assert_within(out["preact"], z, 2 * stored + rounding_bound(z, d_dtype), what="preact")
+                d = activation(act).ref(z)
+                assert_within(out["d"], d, 2.5 * stored + 8 * EPS[acc] * np.abs(d) + rounding_bound(d, d_dtype),
+                              what="d")
             if "col_sums" in epilogue:  # the sums of D as stored
                 dd = f64(out["d"])
                 total = dd.sum(axis=(0, 1))
                 bound = 8 * EPS["float32"] * np.abs(dd).sum(axis=(0, 1)) + rounding_bound(total, "float32")
-                assert_within(out["col_sums"], total, bound, "col_sums")
+                assert_within(out["col_sums"], total, bound, what="col_sums")
             if "a_row_sums" in epilogue:
                 s = f64(a[0]).sum(axis=1)
                 bound = 8 * EPS[acc] * np.abs(f64(a[0])).sum(axis=1) * np.log2(a.shape[2] + 2)
-                assert_within(out["a_row_sums"], s, bound + rounding_bound(s, d_dtype), "a_row_sums")
+                assert_within(out["a_row_sums"], s, bound + rounding_bound(s, d_dtype), what="a_row_sums")
         c.check = check
         cases.append(c)
     return cases
@@ -634,65 +588,6 @@ def conv_geometry(case, stride, padding, dilation, groups):
     case.ints("padding", *padding)
     case.ints("dilation", *dilation)
     case.ints("groups", groups)
-
-
-def out_size(n, pad, dil, k, stride):
-    return (n + 2 * pad - dil * (k - 1) - 1) // stride + 1
-
-
-def conv_patches(x, R, S, P, Q, stride, padding, dilation):
-    """x (N, C, H, W) -> patches[r][s]: (N, C, P, Q) of the padded input."""
-    N, C, H, W = x.shape
-    xp = np.zeros((N, C, H + 2 * padding[0], W + 2 * padding[1]))
-    xp[:, :, padding[0]:padding[0] + H, padding[1]:padding[1] + W] = x
-    return [[xp[:, :, r * dilation[0]: r * dilation[0] + stride[0] * (P - 1) + 1: stride[0],
-                s * dilation[1]: s * dilation[1] + stride[1] * (Q - 1) + 1: stride[1]]
-             for s in range(S)] for r in range(R)]
-
-
-def conv_fwd64(x, w, stride, padding, dilation, groups):
-    N, C, H, W = x.shape
-    K, Cg, R, S = w.shape
-    P, Q = out_size(H, padding[0], dilation[0], R, stride[0]), out_size(W, padding[1], dilation[1], S, stride[1])
-    patches = conv_patches(x, R, S, P, Q, stride, padding, dilation)
-    y = np.zeros((N, K, P, Q))
-    Kg = K // groups
-    for g in range(groups):
-        for r in range(R):
-            for s in range(S):
-                y[:, g * Kg:(g + 1) * Kg] += np.einsum("ncpq,kc->nkpq", patches[r][s][:, g * Cg:(g + 1) * Cg],
-                                                       w[g * Kg:(g + 1) * Kg, :, r, s])
-    return y
-
-
-def conv_bwd_data64(dy, w, x_shape, stride, padding, dilation, groups):
-    N, C, H, W = x_shape
-    K, Cg, R, S = w.shape
-    P, Q = dy.shape[2:]
-    dxp = np.zeros((N, C, H + 2 * padding[0], W + 2 * padding[1]))
-    Kg = K // groups
-    for g in range(groups):
-        for r in range(R):
-            for s in range(S):
-                dxp[:, g * Cg:(g + 1) * Cg,
-                    r * dilation[0]: r * dilation[0] + stride[0] * (P - 1) + 1: stride[0],
-                    s * dilation[1]: s * dilation[1] + stride[1] * (Q - 1) + 1: stride[1]] += np.einsum(
-                    "nkpq,kc->ncpq", dy[:, g * Kg:(g + 1) * Kg], w[g * Kg:(g + 1) * Kg, :, r, s])
-    return dxp[:, :, padding[0]:padding[0] + H, padding[1]:padding[1] + W]
-
-
-def conv_bwd_filter64(x, dy, w_shape, stride, padding, dilation, groups):
-    K, Cg, R, S = w_shape
-    P, Q = dy.shape[2:]
-    patches = conv_patches(x, R, S, P, Q, stride, padding, dilation)
-    dw = np.zeros(w_shape)
-    Kg = K // groups
-    for g in range(groups):
-        for r in range(R):
-            for s in range(S):
-                dw[g * Kg:(g + 1) * Kg, :, r, s] = np.einsum(
-                    "nkpq,ncpq->kc", dy[:, g * Kg:(g + 1) * Kg], patches[r][s][:, g * Cg:(g + 1) * Cg])
-    return dw
 
 
 def conv_cases(rng):
@@ -710,8 +605,9 @@ def conv_cases(rng):
         ("float64", 1, 3, 6, 9, 6, 2, 3, (1, 2), (0, 1), (1, 1), 3, "sigmoid", False),
         ("float32", 2, 2, 5, 8, 3, 3, 3, (1, 1), (2, 1), (2, 1), 1, "gelu_tanh", True),
     ]
+    plans = with_every_activation(plans, 12, plans[:1])
     for k, (dtype, N, C, H, W, K, R, S, stride, padding, dilation, groups, act, last) in enumerate(plans):
-        P, Q = out_size(H, padding[0], dilation[0], R, stride[0]), out_size(W, padding[1], dilation[1], S, stride[1])
+        P, Q = conv_out_hw((H, W), (R, S), stride, padding, dilation)
         x = values(rng, (N, C, H, W), dtype)
         w = values(rng, (K, C // groups, R, S), dtype)
         dy = values(rng, (N, K, P, Q), dtype)
@@ -730,7 +626,7 @@ def conv_cases(rng):
         c.tensor("w", layout(w))
         c.tensor("y", layout(poison((N, K, P, Q), dtype)), written=True)
         c.ptr("bias", bias)
-        c.ints("activation", ACT[act])
+        c.ints("activation", activation(act).code)
         if k % 2 == 0:
             c.tensor("preact", layout(poison((N, K, P, Q), dtype)), written=True)
             c.limit_grid("conv_fwd_direct", 2)
@@ -742,9 +638,9 @@ def conv_cases(rng):
             n = w.shape[1] * w.shape[2] * w.shape[3] + 1
             z_bound = 2 * n * EPS[acc] * terms
             if pre:
-                assert_within(out["preact"], z, z_bound + rounding_bound(z, dtype), "preact")
-            y = act64(act, z)
-            assert_within(out["y"], y, 1.2 * z_bound + 8 * EPS[acc] * np.abs(y) + rounding_bound(y, dtype), "y")
+                assert_within(out["preact"], z, z_bound + rounding_bound(z, dtype), what="preact")
+            y = activation(act).ref(z)
+            assert_within(out["y"], y, 1.2 * z_bound + 8 * EPS[acc] * np.abs(y) + rounding_bound(y, dtype), what="y")
         c.check = check_fwd
         cases.append(c)
 
@@ -761,7 +657,7 @@ def conv_cases(rng):
             dx = conv_bwd_data64(f64(dy), f64(w), shape, *geom)
             terms = conv_bwd_data64(np.abs(f64(dy)), np.abs(f64(w)), shape, *geom)
             n = w.shape[0] * w.shape[2] * w.shape[3]
-            assert_within(out["dx"], dx, 2 * n * EPS[acc] * terms + rounding_bound(dx, dtype), "dx")
+            assert_within(out["dx"], dx, 2 * n * EPS[acc] * terms + rounding_bound(dx, dtype), what="dx")
         c.check = check_data
         cases.append(c)
 
@@ -778,7 +674,8 @@ def conv_cases(rng):
             dw = conv_bwd_filter64(f64(x), f64(dy), shape, *geom)
             terms = conv_bwd_filter64(np.abs(f64(x)), np.abs(f64(dy)), shape, *geom)
             n = dy.shape[0] * dy.shape[2] * dy.shape[3]
-            assert_within(out["dw"], dw, 2 * np.log2(n + 2) * EPS[acc] * terms * 4 + rounding_bound(dw, dtype), "dw")
+            assert_within(out["dw"], dw, 2 * np.log2(n + 2) * EPS[acc] * terms * 4 + rounding_bound(dw, dtype),
+                          what="dw")
         c.check = check_filter
         cases.append(c)
     return cases
@@ -816,28 +713,14 @@ def normalize_cases(rng):
                 if nchw:
                     ref = np.moveaxis(ref, 3, 1)
                 acc = "float64" if dtype == "float64" else "float32"
-                assert_within(out["dst"], ref, 4 * EPS[acc] * (np.abs(ref) + 3) + rounding_bound(ref, dtype), "dst")
+                assert_within(out["dst"], ref, 4 * EPS[acc] * (np.abs(ref) + 3) + rounding_bound(ref, dtype),
+                              what="dst")
             c.check = check
             cases.append(c)
     return cases
 
 
 # ---------------------------------------------------------------- resize
-
-
-def resize_axis64(origin, scale, lo, hi, n):
-    """torch's antialiased bilinear weights (upsample_bilinear2d_aa) of n
-    output pixels over input pixels [lo, hi): a float64 matrix."""
-    support = scale if scale >= 1 else 1.0
-    inv = 1.0 / scale if scale >= 1 else 1.0
-    weights = np.zeros((n, hi - lo))
-    for k in range(n):
-        center = origin - lo + scale * (k + 0.5)
-        first, last = max(int(center - support + 0.5), 0), min(int(center + support + 0.5), hi - lo)
-        for j in range(first, last):
-            weights[k, j] = max(0.0, 1.0 - abs((j - center + 0.5) * inv))
-        weights[k] /= weights[k].sum()
-    return weights
 
 
 def resize_cases(rng):
@@ -874,8 +757,8 @@ def resize_cases(rng):
         c.ints("rx_span", rx[2], rx[3])
         c.twin = "units"
         image = src[:, :src_w * 3].reshape(src_h, src_w, 3).astype(np.float64)
-        wy = resize_axis64(*ry, placed[2])
-        wx = resize_axis64(*rx, placed[3])
+        wy = resize_weights64(*ry, placed[2])
+        wx = resize_weights64(*rx, placed[3])
         part = np.einsum("yi,ijc,xj->yxc", wy, image[ry[2]:ry[3], rx[2]:rx[3]], wx)
         ref = np.zeros(out + (3,))
         ref[placed[0]:placed[0] + placed[2], placed[1]:placed[1] + placed[3]] = part[:, ::-1] if flip else part
@@ -996,7 +879,7 @@ def run_driver(variant, cases, directory, schedule="forward", timeout=600):
         d = os.path.join(directory, "%03d" % k)
         case.write(d)
         dirs.append(d)
-    env = clean_env(GPUACCEL_CUDACPU_SCHEDULE=schedule, GPUACCEL_NUM_THREADS="1",
+    env = tool_env(GPUACCEL_CUDACPU_SCHEDULE=schedule, GPUACCEL_NUM_THREADS="1",
                     ASAN_OPTIONS="detect_leaks=1:abort_on_error=0", UBSAN_OPTIONS="print_stacktrace=1",
                     TSAN_OPTIONS="halt_on_error=0:report_signal_unsafe=0")
     proc = subprocess.run([driver(variant)] + dirs, capture_output=True, text=True, env=env, timeout=timeout)
@@ -1022,7 +905,7 @@ def outcome(case, d):
                 dtype = dtype_name(out[name].dtype)
                 scale = np.nanmax(np.abs(f64(twin[name])), initial=0.0)
                 assert_within(out[name], f64(twin[name]), 4 * rounding_bound(scale, dtype),
-                              "%s: %s vs the CPU twin" % (case.name, name))
+                              what="%s: %s vs the CPU twin" % (case.name, name))
         if case.twin in ("close", "units"):
             case.check(twin)
     case.check(out)
@@ -1202,7 +1085,7 @@ def test_bad_schedule_is_an_error(tmp_path):
     for k, case in enumerate(cases):
         case.write(str(tmp_path / str(k)))
         dirs.append(str(tmp_path / str(k)))
-    env = clean_env(GPUACCEL_CUDACPU_SCHEDULE="sideways")
+    env = tool_env(GPUACCEL_CUDACPU_SCHEDULE="sideways")
     subprocess.run([driver("plain")] + dirs, capture_output=True, text=True, env=env)
     with open(os.path.join(dirs[0], "status.cuda")) as f:
         assert "GPUACCEL_CUDACPU_SCHEDULE=sideways" in f.read()

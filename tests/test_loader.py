@@ -12,6 +12,7 @@ import pytest
 import gpuaccel as ga
 
 from helpers import assert_close, native_threads, numpy_dtype, open_fds, run_python, sanitized, settle
+from ops import normalize_ref
 
 
 def dataset(rng, n, image=(5, 4, 3)):
@@ -179,7 +180,7 @@ def test_normalize_matches_float64_reference(rng, dtype, layout):
     t = ga.ImageNormalize(mean, std, dtype=dtype, layout=layout)
     batches = list(ga.PinnedLoader([x, y], 16, transform=t, output="gpuaccel"))
     got = np.concatenate([b[0].astype("float64").numpy() for b in batches])
-    ref = ((x.astype(np.float64) / 255.0 - np.array(mean)) / np.array(std)).transpose(0, 3, 1, 2)
+    ref = normalize_ref(x, mean, std)
     assert batches[0][0].dtype == dtype and got.shape == ref.shape  # (N, C, H, W) in both layouts
     assert_close(got, ref, dtype, scale=4.0 if dtype == "float32" else 1.0)
     n, itemsize = batches[0][0].shape[0], batches[0][0].itemsize
@@ -192,7 +193,7 @@ def test_normalize_scalar_mean_and_other_scale(rng):
     x, y = dataset(rng, 10, image=(2, 2, 1))
     t = ga.ImageNormalize(0.5, 2.0, dtype="float32", layout="NHWC", scale=1.0)
     got = next(iter(ga.PinnedLoader([x, y], 10, transform=t, output="gpuaccel")))[0].numpy()
-    np.testing.assert_allclose(got, ((x.astype(np.float64) - 0.5) / 2.0).transpose(0, 3, 1, 2), rtol=1e-6)
+    np.testing.assert_allclose(got, normalize_ref(x, 0.5, 2.0, scale=1.0), rtol=1e-6)
 
 
 def test_npy_paths_and_memmap(rng, tmp_path):
@@ -453,11 +454,6 @@ def test_numpy_dtypes_of_bfloat16_output(rng):
 
 # ------------------------------------------- batch memory from the host pool
 
-def normalized(x, mean, std):
-    """float64 reference of ImageNormalize(mean, std), (N, C, H, W)."""
-    return ((x.astype(np.float64) / 255.0 - np.array(mean)) / np.array(std)).transpose(0, 3, 1, 2)
-
-
 MEAN, STD = [0.3, 0.5, 0.7], [0.2, 0.25, 0.3]
 
 
@@ -482,7 +478,7 @@ def test_kept_batches_stay_valid_while_dropped_ones_are_reused(rng):
     assert ga.memory_stats("cpu")["pageable_cached_bytes"] > 0
     for xb, yb in kept:
         rows = [position[label] for label in yb.numpy()]
-        assert_close(xb.numpy(), normalized(x[rows], MEAN, STD), "float32", scale=4.0)
+        assert_close(xb.numpy(), normalize_ref(x[rows], MEAN, STD), "float32", scale=4.0)
 
 
 def test_kept_torch_batches_stay_valid(rng):
@@ -502,7 +498,7 @@ def test_kept_torch_batches_stay_valid(rng):
             xb.add_(1000.0)  # the consumer writes its batch: a kept one must not see later writes
     for xb, yb in kept:
         rows = [position[label] for label in yb.numpy()]
-        assert_close(xb.numpy() - 1000.0, normalized(x[rows], MEAN, STD), "float32", scale=2e4)
+        assert_close(xb.numpy() - 1000.0, normalize_ref(x[rows], MEAN, STD), "float32", scale=2e4)
 
 
 def test_close_with_batches_alive(rng):
@@ -522,10 +518,10 @@ def test_close_with_batches_alive(rng):
     for _ in range(2):
         for xb, yb in loader:
             rows = [position[label] for label in yb.numpy()]
-            assert_close(xb.astype("float64").numpy(), normalized(x[rows], MEAN, STD), "bfloat16")
+            assert_close(xb.astype("float64").numpy(), normalize_ref(x[rows], MEAN, STD), "bfloat16")
     for xb, yb in held:
         rows = [position[label] for label in yb.numpy()]
-        assert_close(xb.astype("float64").numpy(), normalized(x[rows], MEAN, STD), "bfloat16")
+        assert_close(xb.astype("float64").numpy(), normalize_ref(x[rows], MEAN, STD), "bfloat16")
     del held, xb, yb
     assert ga.memory_stats("cpu")["allocated_bytes"] == base
 
@@ -612,7 +608,7 @@ def test_channels_last_torch_tensors(rng):
         assert tuple(xb.shape) == (len(yb), 3, 6, 9) and xb.is_contiguous(memory_format=torch.channels_last)
         assert not xb.is_contiguous()
         rows = [int(np.where(y == label)[0][0]) for label in yb.numpy()]
-        assert_close(xb.numpy(), normalized(x[rows], MEAN, STD), "float32", scale=4.0)
+        assert_close(xb.numpy(), normalize_ref(x[rows], MEAN, STD), "float32", scale=4.0)
         conv = torch.nn.Conv2d(3, 4, 3).to(memory_format=torch.channels_last)
         assert conv(xb).is_contiguous(memory_format=torch.channels_last)  # what a channels_last model takes
 

@@ -14,19 +14,9 @@ import pytest
 import gpuaccel as ga
 
 from helpers import python_env
+from ops import logger_windows_ref
 
 torch = pytest.importorskip("torch")
-
-
-def windows_reference(values, every):
-    """(end step, mean) per window, in NumPy float64 (NaN and inf propagate
-    as in torch.mean)."""
-    out = []
-    for start in range(0, len(values), every):
-        chunk = np.asarray(values[start:start + every], dtype=np.float64)
-        with np.errstate(invalid="ignore"):
-            out.append((start + len(chunk), chunk.mean()))
-    return out
 
 
 @pytest.mark.parametrize("every,steps", [(1, 7), (5, 23), (10, 10), (7, 100), (50, 49)])
@@ -41,11 +31,11 @@ def test_window_means_and_history_match_numpy(rng, every, steps):
     complete = steps // every
     assert len(seen) == complete  # host values: whole windows arrive at once
     summary = log.flush()
-    ref_loss = windows_reference(loss.astype(np.float32), every)
+    ref_loss = logger_windows_ref(loss.astype(np.float32), every)
     assert [s for s, _ in seen] == [s for s, _ in ref_loss]
     for (_, values), (_, want) in zip(seen, ref_loss):
         assert values["loss"] == pytest.approx(want, rel=1e-6, abs=1e-6)
-    for (_, values), (_, want) in zip(seen, windows_reference(acc, every)):
+    for (_, values), (_, want) in zip(seen, logger_windows_ref(acc, every)):
         assert values["acc"] == pytest.approx(want, rel=1e-12)
     np.testing.assert_array_equal(log.history("loss"), loss.astype(np.float32).astype(np.float64))
     np.testing.assert_allclose(log.history("acc"), acc, rtol=1e-7)  # float32 per-step storage

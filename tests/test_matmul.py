@@ -7,24 +7,14 @@ import pytest
 
 import gpuaccel as ga
 
-from helpers import (
-    ACTIVATIONS,
-    FLOAT_DTYPES,
-    activation_grad_ref,
-    activation_ref,
-    assert_sum_close,
-    numpy_dtype,
-    run_python,
-    sum_tolerance,
-)
+from helpers import FLOAT_DTYPES, assert_sum_close, numpy_dtype, run_python
+from ops import ACTIVATION_NAMES, ACTIVATIONS, MATMUL_TOLERANCE, act_ref, invalid_activations
 
 torch = pytest.importorskip("torch")
 
-# |got - ref| <= atol * sqrt(K) + rtol * |ref|, by output dtype
-# 16-bit results: float32 accumulation, one rounding to the output dtype, against float64 from
-# the same rounded inputs (helpers.sum_tolerance: a few ulps, not a percent)
-TOL = {"float64": (1e-13, 1e-12), "float32": (3e-6, 3e-6), "float16": sum_tolerance("float16"),
-       "bfloat16": sum_tolerance("bfloat16")}
+# |got - ref| <= atol * sqrt(K) + rtol * |ref|, by output dtype (ops.MATMUL_TOLERANCE)
+TOL = MATMUL_TOLERANCE
+BAD_ACTIVATION = invalid_activations()[1]
 
 
 def check(got, ref, dtype, k, flip=0.0):
@@ -49,12 +39,12 @@ def test_matmul_2d(rng, dtype, m, k, n):
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("activation", [None] + ACTIVATIONS)
+@pytest.mark.parametrize("activation", ACTIVATION_NAMES)
 def test_matmul_bias_activation_and_out_dtype(rng, dtype, activation):
     a, ar = values(rng, (37, 29), dtype)
     b, br = values(rng, (29, 23), dtype)
     bias, biasr = values(rng, (23,), dtype)
-    ref = activation_ref(ar @ br + biasr, activation)
+    ref = act_ref(ar @ br + biasr, activation)
     d = ga.matmul(a, b, bias=bias, activation=activation)
     check(d.astype("float64").numpy(), ref, dtype, 29)
     if dtype in ("float16", "bfloat16"):
@@ -109,7 +99,7 @@ def test_matmul_out_overlapping_an_input_is_right(rng):
         (lambda a, b: ga.matmul(a, b.astype("float64")), TypeError, "same dtype"),
         (lambda a, b: ga.matmul(a.astype("int32"), b.astype("int32")), TypeError, "float16, bfloat16"),
         (lambda a, b: ga.matmul(a, a), ValueError, "last dimension \\(5\\) must equal"),
-        (lambda a, b: ga.matmul(a, b, activation="tanh"), ValueError, "activation must be"),
+        (lambda a, b: ga.matmul(a, b, activation=BAD_ACTIVATION), ValueError, "activation must be"),
         (lambda a, b: ga.matmul(a, b, bias=ga.zeros(4)), ValueError,
          "bias must have shape \\(3,\\) .*got shape \\(4,\\)"),
         (lambda a, b: ga.matmul(a, b, bias=ga.zeros((1, 3))), ValueError, "got shape \\(1, 3\\)"),
@@ -132,33 +122,33 @@ def test_matmul_errors(call, exc, words):
 # ------------------------------------------------------------------ linear
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("activation", [None] + ACTIVATIONS)
+@pytest.mark.parametrize("activation", ACTIVATION_NAMES)
 @pytest.mark.parametrize("x_shape", [(13, 31), (2, 7, 31), (31,)])
 def test_linear_forward_and_backward(rng, dtype, activation, x_shape):
+    act = ACTIVATIONS[activation]
     n, k = 19, x_shape[-1]
     x, xr = values(rng, x_shape, dtype)
     w, wr = values(rng, (n, k), dtype)
     b, br = values(rng, (n,), dtype)
     z = xr @ wr.T + br
     y, aux = ga.linear(x, w, b, activation, save_preactivation=True)
-    check(y.astype("float64").numpy(), activation_ref(z, activation), dtype, k)
-    if activation == "relu":
+    check(y.astype("float64").numpy(), act.ref(z), dtype, k)
+    if act.saves == "output":
         assert aux is y
-    elif activation is None:
+    elif act.saves is None:
         assert aux is None
     else:
         check(aux.astype("float64").numpy(), z, dtype, k)
     gy, gyr = values(rng, y.shape, dtype)
     gx, gw, gb = ga.linear_backward(gy, x, w, activation=activation, preactivation=aux)
     # the reference differentiates through the saved (rounded) pre-activation, as the kernels do
-    saves_z = activation not in (None, "relu")  # the derivative reads the saved z
-    zsaved = aux.astype("float64").numpy() if saves_z else z
-    dz = gyr * activation_grad_ref(zsaved, activation)
+    zsaved = aux.astype("float64").numpy() if act.saves == "preactivation" else z
+    dz = gyr * act.grad(zsaved)
     # the kernels store the activation's gradient in the input dtype before the reductions (exact for
     # None and relu): so does the reference
     dz = torch.from_numpy(dz).to(getattr(torch, dtype)).double().numpy()
     m = int(np.prod(x_shape[:-1]))
-    dz_max = float(np.abs(dz).max()) if saves_z and dz.size else 0.0  # dz rounded: see check()
+    dz_max = float(np.abs(dz).max()) if not act.exact_gradient and dz.size else 0.0  # dz rounded: see check()
     check(gx.astype("float64").numpy(), dz @ wr, dtype, n, flip=dz_max * float(np.abs(wr).max(initial=0)))
     check(gw.astype("float64").numpy(), dz.reshape(m, n).T @ xr.reshape(m, k), dtype, m,
           flip=dz_max * float(np.abs(xr).max(initial=0)))
@@ -174,9 +164,10 @@ def test_linear_backward_needs_flags_and_errors(rng):
     assert gx is None and gb is None and gw.shape == (3, 4)
     only_bias = ga.linear_backward(gy, x, w, needs_input_grad=False, needs_weight_grad=False)
     np.testing.assert_allclose(only_bias[2].numpy(), gy.numpy().sum(0), rtol=1e-6)
-    for act in ACTIVATIONS:
-        with pytest.raises(ValueError, match="activation='%s' needs preactivation" % act):
-            ga.linear_backward(gy, x, w, activation=act)
+    for act in ACTIVATIONS.values():
+        if act.saves:  # what linear(..., save_preactivation=True) returned (relu's: y), as preactivation=
+            with pytest.raises(ValueError, match="activation='%s' needs preactivation" % act.name):
+                ga.linear_backward(gy, x, w, activation=act.name)
     with pytest.raises(ValueError, match="linear_backward: need weight"):
         ga.linear_backward(gy, x, ga.zeros((3, 5)))
     with pytest.raises(TypeError, match="out must be a tuple"):
@@ -200,7 +191,7 @@ def test_linear_non_contiguous_inputs(rng):
         (lambda x, w: ga.linear(x, ga.zeros(4)), ValueError, "weight must be 2-D"),
         (lambda x, w: ga.linear(x, w, ga.zeros(4)), ValueError,
          "bias must have shape \\(3,\\) \\(weight's out_features\\), got shape \\(4,\\)"),
-        (lambda x, w: ga.linear(x, w, activation="swish"), ValueError, "activation"),
+        (lambda x, w: ga.linear(x, w, activation=BAD_ACTIVATION), ValueError, "activation"),
     ],
 )
 def test_linear_errors(call, exc, words):

@@ -11,11 +11,12 @@ unraisable warning) still fails the test.
 `.ci/run` builds the simulator in a copy of the tree and runs this file.
 """
 
+import os
 import textwrap
 
 import pytest
 
-from helpers import run_python, simulated
+from helpers import python_env, run_python, simulated
 
 pytestmark = pytest.mark.skipif(not simulated(), reason="needs a simulator build (GPUACCEL_SIM=1)")
 
@@ -27,8 +28,10 @@ import gpuaccel as ga
 
 
 def run_sim(code, devices=2, prelude=""):
-    return run_python("-c", PRELUDE + prelude + textwrap.dedent(code), env={"GPUACCEL_SIM_DEVICES": str(devices)},
-                      timeout=300)
+    # the scenarios import the op registry (tests/ops.py) from beside this file
+    path = os.pathsep.join([os.path.dirname(os.path.abspath(__file__)), python_env()["PYTHONPATH"]])
+    return run_python("-c", PRELUDE + prelude + textwrap.dedent(code),
+                      env={"GPUACCEL_SIM_DEVICES": str(devices), "PYTHONPATH": path}, timeout=300)
 
 
 def assert_ordered(code, devices=2, prelude=""):
@@ -332,15 +335,19 @@ def close(got, want, dt, what):
 
 def test_ops_on_streams_devices_and_threads_match_the_cpu():
     out = assert_ordered(prelude=OPS_PRELUDE, code="""
+        from ops import ACTIVATION_NAMES
+
         rng = np.random.default_rng(2024)
         devices = ["cuda:0", "cuda:1"]
         dtypes = ["float32", "float64", "float16", "bfloat16"]
-        acts = [None, "relu", "gelu", "gelu_tanh", "silu", "hardswish", "sigmoid"]
+        acts = ACTIVATION_NAMES
+        acts_seen = set()
 
-        def one_case(seed, streams, dev):
+        def one_case(seed, streams, dev, act_index=None):
             r = np.random.default_rng(seed)
             dt = dtypes[r.integers(4)]
-            act = acts[r.integers(len(acts))]
+            act = acts[r.integers(len(acts)) if act_index is None else act_index]
+            acts_seen.add(act)
             s_in, s_op = streams[r.integers(len(streams))], streams[r.integers(len(streams))]
             M, K, N = (int(v) for v in r.integers(1, 40, 3))
             lead = (int(r.integers(1, 4)),)
@@ -388,6 +395,9 @@ def test_ops_on_streams_devices_and_threads_match_the_cpu():
             dev = devices[case % 2]
             streams = [ga.Stream.from_handle(1, device=dev), ga.Stream(device=dev), ga.Stream(device=dev)]
             seen.add(one_case(case, streams, dev))
+        for k, act in enumerate(acts):  # every activation at least once, whatever the draws gave
+            if act not in acts_seen:
+                one_case(50 + k, [ga.Stream(device="cuda:0")], "cuda:0", act_index=k)
 
         errors = []
         def worker(k):
@@ -401,6 +411,7 @@ def test_ops_on_streams_devices_and_threads_match_the_cpu():
         for t in threads: t.start()
         for t in threads: t.join()
         assert not errors, errors
+        assert acts_seen == set(acts), acts_seen
         stats = ga.matmul_stats()
         assert stats["cuda_calls"] > 0 and ga.conv_stats()["cuda_calls"] > 0
         print(sorted(seen))
@@ -440,6 +451,8 @@ def test_logger_with_values_from_several_streams():
     # the logger's state is updated on each value's stream in turn and read
     # back once per window; closing frees it after the last window's copy
     out = assert_ordered("""
+        from ops import logger_windows_ref
+
         rng = np.random.default_rng(3)
         vals = rng.standard_normal(53).astype(np.float32)
         got = []
@@ -453,7 +466,7 @@ def test_logger_with_values_from_several_streams():
         summary = log.flush()
         steps = [s for s, _ in got]
         assert steps == [7, 14, 21, 28, 35, 42, 49, 53], steps
-        want = [vals[s - 7 if s % 7 == 0 else 49:s].astype(np.float64).mean() for s in steps]
+        want = [mean for _, mean in logger_windows_ref(vals, 7)]
         np.testing.assert_allclose([m for _, m in got], want, rtol=1e-6)
         np.testing.assert_array_equal(log.history("loss"), vals.astype(np.float64))
         assert summary["twice"]["count"] == 53
@@ -466,6 +479,8 @@ def test_logger_with_values_from_several_streams():
 
 def test_loader_normalizes_on_the_device():
     assert_ordered("""
+        from ops import normalize_ref
+
         rng = np.random.default_rng(4)
         imgs = rng.integers(0, 256, (101, 9, 11, 3), dtype=np.uint8)
         labels = np.arange(101)
@@ -479,7 +494,7 @@ def test_loader_normalizes_on_the_device():
             for epoch in range(2):
                 for x, y in loader:
                     idx = y.numpy()
-                    want = ((imgs[idx] / 255.0 - np.array(mean)) / np.array(std)).transpose(0, 3, 1, 2)
+                    want = normalize_ref(imgs[idx], mean, std)
                     if layout == "NHWC":  # (N, C, H, W) with the channels last in memory
                         assert x.strides[1] == x.itemsize and x.strides[3] == 3 * x.itemsize
                     with side:                      # consumed on another stream

@@ -17,6 +17,7 @@ import pytest
 import gpuaccel as ga
 
 from helpers import assert_no_leak, native_threads, settle
+from ops import SMOOTH_ACTIVATIONS, invalid_activations, logger_windows_ref, op_calls
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("psutil")
@@ -132,37 +133,12 @@ def _dlpack_cases():
 
 
 def _op_cases():
-    rng = np.random.default_rng(1)
-    f32 = lambda *s: ga.asarray(rng.standard_normal(s).astype(np.float32))  # noqa: E731
-    x, w, b = f32(8, 16), f32(12, 16), f32(12)
-    bmat = f32(16, 12)
-    out = ga.empty((8, 12), dtype="float32")
-    gy = f32(8, 12)
-    tx = torch.from_numpy(rng.standard_normal((8, 16)).astype(np.float32))
-    cx, cw, cb = f32(2, 3, 8, 8), f32(4, 3, 3, 3), f32(4)
-    y_aux = ga.linear(x, w, b, activation="gelu", save_preactivation=True)
-    conv_y = ga.conv2d(cx, cw, cb, padding=1, activation="relu")
-    cgy = f32(*conv_y.shape)
-    xh = x.astype("float16")
-    bh = bmat.astype("float16")
-    return {
-        "matmul": lambda: ((lambda: ga.matmul(x, bmat)), (x, bmat)),
-        "matmul_bias_gelu": lambda: ((lambda: ga.matmul(x, bmat, bias=b, activation="gelu")), (x, bmat, b)),
-        "matmul_out": lambda: ((lambda: ga.matmul(x, bmat, out=out)), (x, bmat, out)),
-        "matmul_f16_out_dtype": lambda: ((lambda: ga.matmul(xh, bh, out_dtype="float32")), (xh, bh)),
-        "matmul_torch_input": lambda: ((lambda: ga.matmul(tx, bmat)), (tx, bmat)),
-        "linear": lambda: ((lambda: ga.linear(x, w, b, activation="relu")), (x, w, b)),
-        "linear_save": lambda: ((lambda: ga.linear(x, w, b, activation="gelu", save_preactivation=True)),
-                                (x, w, b)),
-        "linear_backward": lambda: ((lambda: ga.linear_backward(gy, x, w, activation="gelu",
-                                                                preactivation=y_aux[1])), (gy, x, w)),
-        "conv2d": lambda: ((lambda: ga.conv2d(cx, cw, cb, padding=1, activation="relu")), (cx, cw, cb)),
-        "conv2d_save": lambda: ((lambda: ga.conv2d(cx, cw, cb, stride=2, save_preactivation=True,
-                                                   activation="gelu")), (cx, cw, cb)),
-        "conv2d_backward": lambda: ((lambda: ga.conv2d_backward(cgy, cx, cw, padding=1, activation="relu",
-                                                                y=conv_y)), (cgy, cx, cw, conv_y)),
-        "stats": lambda: ((lambda: (ga.matmul_stats(), ga.conv_stats(), ga.memory_stats("cpu"))), ()),
-    }
+    """Every sample of every op in the registry (tests/ops.py), and the
+    stats functions."""
+    cases = {name: (lambda op=op, s=sample: ((lambda: op.run(s)), tuple(s.inputs())))
+             for name, op, sample in op_calls(np.random.default_rng(1))}
+    cases["stats"] = lambda: ((lambda: (ga.matmul_stats(), ga.conv_stats(), ga.memory_stats("cpu"))), ())
+    return cases
 
 
 def _error_cases():
@@ -172,13 +148,13 @@ def _error_cases():
     bad = {
         "matmul_shape": (lambda: ga.matmul(a, a), ValueError),
         "matmul_dtype": (lambda: ga.matmul(a, b.astype("float64")), TypeError),
-        "matmul_activation": (lambda: ga.matmul(a, b, activation="tanh"), ValueError),
+        "matmul_activation": (lambda: ga.matmul(a, b, activation=invalid_activations()[1]), ValueError),
         "matmul_out_shape": (lambda: ga.matmul(a, b, out=ga.empty((3, 3))), ValueError),
         "matmul_int": (lambda: ga.matmul(a.astype("int32"), b.astype("int32")), TypeError),
         "matmul_list": (lambda: ga.matmul([[1.0]], b), TypeError),
         "linear_shape": (lambda: ga.linear(a, b), ValueError),
-        "linear_backward_no_preact": (lambda: ga.linear_backward(ga.ones((4, 3)), a, w, activation="gelu"),
-                                      ValueError),
+        "linear_backward_no_preact": (lambda: ga.linear_backward(ga.ones((4, 3)), a, w,
+                                                                 activation=SMOOTH_ACTIVATIONS[0]), ValueError),
         "conv2d_groups": (lambda: ga.conv2d(x, cw, groups=2), ValueError),
         "conv2d_bias": (lambda: ga.conv2d(x, cw, ga.ones(5)), ValueError),
         "conv2d_backward_shape": (lambda: ga.conv2d_backward(ga.ones((1, 6, 5, 4)), x, cw), ValueError),
@@ -478,10 +454,7 @@ def test_threads_mixed_work_is_exact(tmp_path):
             mine.append(value)
         summary = private.flush()
         private.close()
-        expected = [(end, np.mean(private_values[end - (3 + k):end]))
-                    for end in range(3 + k, len(private_values) + 1, 3 + k)]
-        if len(private_values) % (3 + k):
-            expected.append((len(private_values), np.mean(private_values[-(len(private_values) % (3 + k)):])))
+        expected = logger_windows_ref(private_values, 3 + k)
         assert [s for s, _ in seen] == [s for s, _ in expected], (seen, expected)
         for (_, got_mean), (_, want) in zip(seen, expected):
             assert got_mean == want
