@@ -474,10 +474,24 @@ typedef struct {
 } ga_conv_desc;
 
 /* The per-shape engine choice of cuDNN, persisted by gpuaccel between
- * processes: `preferred` (in) is a choice read back from the tuning file,
- * `chosen` (out) the one used, to be written there. */
+ * processes, and the protocol that keeps a call cheap once its shape is
+ * known.  A call with may_tune 0 runs only when its problem is ready (a
+ * plan-cache hit with a plan for the calling thread): every call after
+ * the first, with no Python and nothing else to pay.  Otherwise it runs
+ * nothing and sets needs_setup and key (kernels/conv_key.h, the plan
+ * cache's key and the tuning file's), with choice_cached 0 when this
+ * process has no engine choice for the key: the only time the caller reads
+ * the tuning file.  The caller then calls again with may_tune 1 and
+ * `preferred` (the file's choice, or NULL) — without the GIL, since a
+ * search may take seconds.  `chosen` (out) is the choice used, to be
+ * written to the file when report.tuned.  A NULL tuning may tune. */
+#define GA_CONV_KEY_MAX 1024
 typedef struct {
-    const char *preferred;
+    int may_tune;          /* in */
+    const char *preferred; /* in: may_tune calls */
+    int needs_setup;       /* out: nothing ran; call again with may_tune 1 */
+    int choice_cached;     /* out, with needs_setup: this process has a choice for key */
+    char key[GA_CONV_KEY_MAX];
     char chosen[256];
     ga_op_report report;
 } ga_conv_tuning;

@@ -103,7 +103,8 @@ elif not CXX:
 def _inputs():
     """Every file the probe is built from."""
     files = [os.path.join(PROBE_DIR, f) for f in PROBE_SOURCES + ["probe.h"]]
-    for pattern in ("kernels/*.h", "kernels/cuda/*.cu", "kernels/cuda/*.cuh", "kernels/cuda/*.h"):
+    for pattern in ("kernels/*.h", "kernels/conv_key.c", "kernels/cuda/*.cu", "kernels/cuda/*.cuh",
+                    "kernels/cuda/*.h"):
         files += sorted(glob.glob(os.path.join(ROOT, pattern)))
     return files
 
@@ -742,33 +743,52 @@ def test_matmul_asks_cublaslt_only_for_what_it_documents(route, lt_enums, reason
     assert reply["plain_call"]["described"] and reply["plain_call"]["desc_status"] is None
 
 
-# (statuses met in one search, floor, the reason reported, the status kept):
-# cuDNN's status families become conv.cu's fallback reasons, and a search
-# reports the most severe refusal it met, never less than its floor (a fused
-# graph without an engine is not_supported, the conv alone without one
-# no_engine)
+# (refusals one graph's search met, floor, the reason reported, the status
+# kept): "c<status>" an engine config refused (-1: plans that finalized but
+# none ran), "f" a config gpuaccel's rules excluded, "w<status>" the graph or
+# a heuristic mode refused as a whole.  cuDNN's status families become
+# conv.cu's fallback reasons; a graph's reason is the least severe of its
+# configs' refusals — one stray status among many configs does not become
+# the shape's reason for every call — and only without any config the
+# most severe whole-graph refusal; never less than the floor (a fused graph
+# without an engine is not_supported, the conv alone without one no_engine)
 REFUSALS = [
-    ([3000], "GA_FALLBACK_NONE", "GA_FALLBACK_NOT_SUPPORTED", 3000),
-    ([3007, 2002], "GA_FALLBACK_NONE", "GA_FALLBACK_BAD_PARAM", 2002),
-    ([2000, 4001, 3000], "GA_FALLBACK_NONE", "GA_FALLBACK_COMPILATION", 4001),
-    ([1008, 2000], "GA_FALLBACK_NONE", "GA_FALLBACK_SUBLIBRARY", 1008),
-    ([-1], "GA_FALLBACK_NONE", "GA_FALLBACK_EXECUTION", -1),
-    ([0], "GA_FALLBACK_NONE", "GA_FALLBACK_NOT_SUPPORTED", 0),
-    ([3000], "GA_FALLBACK_NO_ENGINE", "GA_FALLBACK_NO_ENGINE", 3000),
-    ([3000, 2000], "GA_FALLBACK_NO_ENGINE", "GA_FALLBACK_BAD_PARAM", 2000),
+    (["c3000"], "GA_FALLBACK_NONE", "GA_FALLBACK_NOT_SUPPORTED", 3000),
+    (["c3007", "c2002"], "GA_FALLBACK_NONE", "GA_FALLBACK_NOT_SUPPORTED", 3007),
+    (["c2002", "c2002"], "GA_FALLBACK_NONE", "GA_FALLBACK_BAD_PARAM", 2002),
+    (["c2000", "c4001", "c3000"], "GA_FALLBACK_NONE", "GA_FALLBACK_NOT_SUPPORTED", 3000),
+    (["c4001", "c4001"], "GA_FALLBACK_NONE", "GA_FALLBACK_COMPILATION", 4001),
+    (["c1008", "c2000"], "GA_FALLBACK_NONE", "GA_FALLBACK_BAD_PARAM", 2000),
+    (["c1008"], "GA_FALLBACK_NONE", "GA_FALLBACK_SUBLIBRARY", 1008),
+    (["c-1"], "GA_FALLBACK_NONE", "GA_FALLBACK_EXECUTION", -1),
+    (["c-1", "c3000"], "GA_FALLBACK_NONE", "GA_FALLBACK_NOT_SUPPORTED", 3000),
+    (["f", "c2000"], "GA_FALLBACK_NONE", "GA_FALLBACK_NOT_SUPPORTED", 0),
+    (["w0"], "GA_FALLBACK_NONE", "GA_FALLBACK_NOT_SUPPORTED", 0),
+    (["w3000", "w2000"], "GA_FALLBACK_NONE", "GA_FALLBACK_BAD_PARAM", 2000),
+    (["w2000", "c3000", "w1008"], "GA_FALLBACK_NONE", "GA_FALLBACK_NOT_SUPPORTED", 3000),
+    (["c3000"], "GA_FALLBACK_NO_ENGINE", "GA_FALLBACK_NO_ENGINE", 3000),
+    (["c3000", "c2000"], "GA_FALLBACK_NO_ENGINE", "GA_FALLBACK_NO_ENGINE", 3000),
+    (["c2000", "c2000"], "GA_FALLBACK_NO_ENGINE", "GA_FALLBACK_BAD_PARAM", 2000),
     ([], "GA_FALLBACK_NONE", "GA_FALLBACK_NONE", 0),
+    ([], "GA_FALLBACK_NO_ENGINE", "GA_FALLBACK_NONE", 0),
 ]
 
 
 @pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
-def test_cudnn_refusals_become_fallback_reasons(reasons):
-    lines = ["probe=cudnn_refusal id=r%d statuses=%s floor=%d" % (i, ",".join(map(str, st)), reasons[floor])
-             for i, (st, floor, _, _) in enumerate(REFUSALS)]
+def test_a_graphs_refusals_add_up_to_the_reason_all_its_configs_share(reasons):
+    lines = ["probe=cudnn_refusal id=r%d refusals=%s floor=%d" % (i, ",".join(rs), reasons[floor])
+             for i, (rs, floor, _, _) in enumerate(REFUSALS)]
     _, replies = run_probe(lines)
-    for (statuses, _, want, status), reply in zip(REFUSALS, replies):
-        assert (reply["reason"], reply["status"]) == (reasons[want], status), (statuses, reply)
-        if statuses:
-            assert reply["text"] == "STATUS at call: refusal %d" % statuses.index(status)
+    for (refusals, _, want, status), reply in zip(REFUSALS, replies):
+        assert (reply["reason"], reply["status"]) == (reasons[want], status), (refusals, reply)
+        if not refusals:
+            continue
+        configs = [r for r in refusals if r[0] in "cf"]
+        # the text of the refusal kept (each is "refusal <index>"), with how many configs were refused
+        kept = [i for i, r in enumerate(refusals) if (r[0] in "cf") == bool(configs)
+                and (r == "f" and status == 0 or r[1:] == str(status))][0]
+        assert reply["text"].endswith("refusal %d" % kept), (refusals, reply)
+        assert ("every engine config tried (%d)" % len(configs) in reply["text"]) == (len(configs) > 1), reply
 
 
 @pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
@@ -789,6 +809,9 @@ def test_a_capturing_call_of_a_cold_problem_is_refused_before_any_setup():
         # (without a device no handle can be taken at all: the status above is what
         # shows the refusal came first — a later one would be cudnnCreate's)
         assert reply["run_cache_lookups"] == 1 and reply["run_took_handle"] is False
+        # the first try, which may not tune, came back with the key for the tuning file
+        assert reply["run_needs_setup"] and not reply["run_choice_cached"]
+        assert reply["run_key"].startswith("conv2d.v2 " + case.op + " " + case.dtype + " "), reply["run_key"]
 
 
 @pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
@@ -803,16 +826,38 @@ def test_a_problem_cached_as_direct_runs_without_cudnn_even_when_capturing():
         # the probe's stand-in for the direct kernels answered: nothing failed before them
         assert st is not None and st["call"] == "ga_conv_direct", (case.name, st)
         assert reply["run_cache_lookups"] == 0 and reply["run_took_handle"] is False
+        assert not reply["run_needs_setup"] and reply["run_key"] == ""  # a hit: nothing to set up
+
+
+# (deterministic, yield, routes, seconds per finalization) -> (finalizations per
+# route, elapsed seconds): one budget for a shape, across its routes (the last
+# the conv alone, whose failure leaves the direct kernels)
+BUDGETS = [
+    ((0, 1, 1, 0.0), ([6], 0.0)),             # timed: 6 plans, then stop
+    ((1, 1, 1, 0.0), ([2], 0.0)),             # deterministic: the first 2 that finalize
+    ((0, 1, 3, 0.0), ([6], 0.0)),             # the fused graph found its plans: no other route
+    ((0, 0, 1, 0.0), ([12], 0.0)),            # nothing finalizes: 12 in all
+    ((0, 0, 3, 0.0), ([8, 0, 4], 0.0)),       # the earlier routes leave the last resort its 4
+    ((1, 0, 2, 0.0), ([8, 4], 0.0)),
+    ((0, 0, 3, 0.3), ([4, 0, 3], 2.1)),       # the earlier routes stop at 1 s, the last at 2 s
+    ((0, 0, 2, 0.7), ([2, 1], 2.1)),          # a deadline even while no plan is in hand
+    ((0, 0, 3, 5.0), ([1, 0, 1], 10.0)),      # past every deadline: the last resort still gets one
+]
 
 
 @pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
-def test_a_search_is_bounded_across_both_heuristic_modes():
-    # first-call latency: a search finalizes (and may compile) at most 12 configs in all,
-    # stops at the plans it can use (6 timed; 2 when deterministic, untimed)
-    lines = ["probe=search_budget id=b%d deterministic=%d yield=%d" % (i, det, y)
-             for i, (det, y) in enumerate([(0, 1), (1, 1), (0, 0), (1, 0)])]
+def test_a_shapes_search_has_one_budget_and_always_a_deadline():
+    # first-call latency: a shape's search finalizes (and may compile) at most
+    # 12 configs in all, stops at the plans it can use (6 timed; 2 when
+    # deterministic, untimed), starts no finalization after its deadline, and
+    # the routes tried first cannot starve the conv alone (the direct kernels'
+    # far slower route is the only thing after it)
+    lines = ["probe=search_budget id=b%d deterministic=%d yield=%d routes=%d seconds=%r" % ((i,) + case)
+             for i, (case, _) in enumerate(BUDGETS)]
     _, replies = run_probe(lines)
-    assert [(r["finalizations"], r["plans"]) for r in replies] == [(6, 6), (2, 2), (12, 0), (12, 0)]
+    for (case, (made, elapsed)), reply in zip(BUDGETS, replies):
+        assert reply["finalizations"] == made, (case, reply)
+        assert reply["elapsed"] == pytest.approx(elapsed), (case, reply)
 
 
 @pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")

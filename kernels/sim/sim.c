@@ -39,18 +39,23 @@
  * kernels), a conv the direct kernels (kernels/cuda/fallback.h).  Each
  * operand's byte extent must lie in one allocation of the kernel's device
  * or in pinned memory (a small memcheck).  Timings, engine choice and
- * graphs are not simulated.
+ * graphs are not simulated; cuDNN's plan cache is, as far as csrc/ sees it
+ * (see conv_setup).
  *
  * Environment: GPUACCEL_SIM_DEVICES (default 2) devices of 16 GiB each.
  */
+#define _POSIX_C_SOURCE 200809L /* nanosleep, strdup */
+
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <nvtx3/nvToolsExt.h>
 
+#include "../conv_key.h"
 #include "../cuda/fallback.h"
 #include "../kernels.h"
 
@@ -851,7 +856,7 @@ ga_status ga_cuda_fill(int device, const ga_tensor *dst, ga_scalar value, ga_str
  * run end to end.  The workspace is taken as written by every call, as a
  * library call may. */
 
-static uint64_t matmul_calls, conv_calls;
+static uint64_t matmul_calls;
 
 /* A library refusal injected by tests: GPUACCEL_SIM_FALLBACK="<reason>:
  * <status>:<text>" (reason: a ga_fallback_reason value) makes every matmul
@@ -944,23 +949,116 @@ ga_status ga_cuda_activation_backward(int device, const ga_act_backward_desc *de
     return status;
 }
 
-/* cuDNN's engine choice, for csrc/'s tuning file: "sim" is the one engine;
- * a call without a preference (or with another name) tunes, one with it
- * reuses it.  The direct kernels compute, as on the direct route. */
-static void conv_tuning_report(ga_conv_tuning *tuning)
+/* cuDNN's plan cache, as csrc/ sees it through ga_conv_tuning (kernels.h):
+ * problems keyed as kernels/cuda keys them (kernels/conv_key.h).  A call
+ * that may not tune, of a problem not met before, runs nothing and asks
+ * for setup; the call that sets it up "tunes" — "sim" is the one engine: a
+ * call that prefers it reuses it, any other tunes — taking
+ * GPUACCEL_SIM_TUNE_SECONDS of wall time when that is set (a search takes
+ * time, and tests see whether the caller let other threads run meanwhile);
+ * later calls hit.  The direct kernels compute, as on the direct route. */
+typedef struct sim_plan {
+    int device;
+    char *key;
+    struct sim_plan *next;
+} sim_plan;
+
+static sim_plan *sim_plans;
+static uint64_t sim_conv_hits, sim_conv_misses;
+
+static int sim_plan_known(int device, const char *key)
 {
-    int reuse = tuning->preferred && strcmp(tuning->preferred, "sim") == 0;
-    snprintf(tuning->chosen, sizeof tuning->chosen, "sim");
-    memset(&tuning->report, 0, sizeof tuning->report);
-    tuning->report.fallback = 1;
-    tuning->report.tuned = !reuse;
-    sim_inject_fallback(&tuning->report);
-    conv_calls++;
+    for (sim_plan *p = sim_plans; p; p = p->next)
+        if (p->device == device && strcmp(p->key, key) == 0)
+            return 1;
+    return 0;
+}
+
+static void sim_tune_delay(void)
+{
+    const char *env = getenv("GPUACCEL_SIM_TUNE_SECONDS");
+    double seconds = env && *env ? strtod(env, NULL) : 0.0;
+    if (seconds > 0) {
+        struct timespec ts;
+        ts.tv_sec = (time_t)seconds;
+        ts.tv_nsec = (long)((seconds - (double)ts.tv_sec) * 1e9);
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* The plan-cache half of a conv call: 1 when the call is done (it came
+ * back for setup), 0 when the direct kernels are to run; *status a failure. */
+static int conv_setup(int device, ga_conv_key_op op, const ga_conv_geometry *geom,
+                      const ga_tensor *x, const ga_tensor *w, const ga_tensor *y, const void *bias,
+                      ga_activation act, const ga_tensor *preact, size_t workspace_size,
+                      const ga_tensor *out, ga_conv_tuning *tuning, ga_status *status)
+{
+    *status = ga_ok();
+    if (tuning) {
+        tuning->needs_setup = 0;
+        tuning->choice_cached = 0;
+        tuning->key[0] = '\0';
+        tuning->chosen[0] = '\0';
+        memset(&tuning->report, 0, sizeof tuning->report);
+    }
+    int64_t numel = 1;
+    for (int d = 0; d < out->ndim && d < GA_MAX_NDIM; d++)
+        numel *= out->shape[d];
+    char key[GA_CONV_KEY_MAX];
+    if (numel == 0 ||
+        !ga_conv_key(key, sizeof key, op, geom, x, w, y, bias, act, preact, workspace_size))
+        return 0; /* nothing to key: the kernels check and run (or do nothing) */
+    int may_tune = !tuning || tuning->may_tune;
+    pthread_mutex_lock(&sim_lock);
+    int known = sim_plan_known(device, key);
+    if (!tuning || !may_tune) {
+        sim_conv_hits += known;
+        sim_conv_misses += !known;
+    }
+    pthread_mutex_unlock(&sim_lock);
+    if (tuning)
+        snprintf(tuning->key, sizeof tuning->key, "%s", key);
+    if (!known && !may_tune) {
+        tuning->needs_setup = 1;
+        return 1;
+    }
+    int tuned = 0;
+    if (!known) {
+        sim_tune_delay(); /* the search, outside the lock as cuDNN's would be */
+        tuned = !(tuning && tuning->preferred && strcmp(tuning->preferred, "sim") == 0);
+        sim_plan *p = malloc(sizeof *p);
+        char *copy = strdup(key);
+        if (!p || !copy) {
+            free(p);
+            free(copy);
+            *status = GA_STATUS(GA_ERR_HOST_OUT_OF_MEMORY, "simulated cuDNN: plan cache");
+            return 1;
+        }
+        pthread_mutex_lock(&sim_lock);
+        p->device = device;
+        p->key = copy;
+        p->next = sim_plans;
+        sim_plans = p;
+        pthread_mutex_unlock(&sim_lock);
+    }
+    if (tuning) {
+        snprintf(tuning->chosen, sizeof tuning->chosen, "sim");
+        tuning->report.fallback = 1;
+        tuning->report.tuned = tuned;
+        tuning->report.cache_hit = known;
+        sim_inject_fallback(&tuning->report);
+    }
+    return 0;
 }
 
 ga_status ga_cuda_conv2d_forward(int device, const ga_conv_desc *desc, void *workspace,
                                  size_t workspace_size, ga_stream stream, ga_conv_tuning *tuning)
 {
+    ga_status status;
+    if (conv_setup(device, GA_CONV_KEY_FWD, &desc->geom, &desc->x, &desc->w, &desc->y, desc->bias,
+                   desc->activation, &desc->preact, workspace ? workspace_size : 0, &desc->y,
+                   tuning, &status))
+        return status;
     sim_operand ops[] = {
         tensor_operand(&desc->x, 0),
         tensor_operand(&desc->w, 0),
@@ -970,31 +1068,32 @@ ga_status ga_cuda_conv2d_forward(int device, const ga_conv_desc *desc, void *wor
         bytes_operand(workspace, workspace_size, 1),
     };
     pthread_mutex_lock(&sim_lock);
-    ga_status status = launch(device, stream, ops, (int)(sizeof ops / sizeof *ops));
-    if (!status.error) {
+    status = launch(device, stream, ops, (int)(sizeof ops / sizeof *ops));
+    if (!status.error)
         status = ga_cuda_conv2d_forward_direct(device, desc, stream);
-        conv_tuning_report(tuning);
-    }
     pthread_mutex_unlock(&sim_lock);
     return status;
 }
 
 /* Both backward passes: `a` and `b` read, `out` written (dx from dy and w,
- * or dw from x and dy). */
+ * or dw from x and dy); x, w, y: the same in conv roles, for the key. */
 static ga_status conv_backward(int device, const ga_conv_geometry *geom, const ga_tensor *a,
                                const ga_tensor *b, const ga_tensor *out, int filter,
                                void *workspace, size_t workspace_size, ga_stream stream,
                                ga_conv_tuning *tuning)
 {
+    const ga_tensor *x = filter ? a : out, *w = filter ? out : b, *y = filter ? b : a;
+    ga_status status;
+    if (conv_setup(device, filter ? GA_CONV_KEY_BWD_FILTER : GA_CONV_KEY_BWD_DATA, geom, x, w, y,
+                   NULL, GA_ACT_NONE, NULL, workspace ? workspace_size : 0, out, tuning, &status))
+        return status;
     sim_operand ops[] = {tensor_operand(a, 0), tensor_operand(b, 0), tensor_operand(out, 1),
                          bytes_operand(workspace, workspace_size, 1)};
     pthread_mutex_lock(&sim_lock);
-    ga_status status = launch(device, stream, ops, (int)(sizeof ops / sizeof *ops));
-    if (!status.error) {
+    status = launch(device, stream, ops, (int)(sizeof ops / sizeof *ops));
+    if (!status.error)
         status = filter ? ga_cuda_conv2d_backward_filter_direct(device, geom, a, b, out, stream)
                         : ga_cuda_conv2d_backward_data_direct(device, geom, a, b, out, stream);
-        conv_tuning_report(tuning);
-    }
     pthread_mutex_unlock(&sim_lock);
     return status;
 }
@@ -1022,8 +1121,8 @@ void ga_cuda_plan_cache_stats(uint64_t *matmul_hits, uint64_t *matmul_misses, ui
     pthread_mutex_lock(&sim_lock);
     *matmul_hits = matmul_calls ? matmul_calls - 1 : 0;
     *matmul_misses = matmul_calls ? 1 : 0;
-    *conv_hits = 0;
-    *conv_misses = conv_calls;
+    *conv_hits = sim_conv_hits;
+    *conv_misses = sim_conv_misses;
     pthread_mutex_unlock(&sim_lock);
 }
 
