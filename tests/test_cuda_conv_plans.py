@@ -181,3 +181,44 @@ def test_a_new_thread_sets_up_its_own_plan_without_reading_the_file(rng, tuning_
     ref = ga.conv2d(x.to("cpu"), w.to("cpu"), b.to("cpu"), padding=1)
     np.testing.assert_allclose(ga.conv2d(x, w, b, padding=1).to("cpu").numpy(), ref.numpy(),
                                rtol=1e-4, atol=1e-4 * np.sqrt(w.size))
+
+
+def channels_last(rng, n, c, h, w, keep):
+    """An (N, C, H, W) CUDA array in channels-last memory (a view through
+    __cuda_array_interface__ of a dense NHWC array, appended to `keep`)."""
+    values = rng.standard_normal((n, h, w, c)).astype(np.float32)
+    base = ga.asarray(values, device="cuda")
+    keep.append(base)
+
+    class View:
+        __cuda_array_interface__ = {"shape": (n, c, h, w), "strides": (h * w * c * 4, 4, w * c * 4, c * 4),
+                                    "typestr": "<f4", "data": (base.data_ptr, False), "version": 3,
+                                    "stream": None}
+
+    x = ga.asarray(View(), device="cuda")
+    assert x.strides == (h * w * c * 4, 4, w * c * 4, c * 4)
+    return x, values.transpose(0, 3, 1, 2)
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_a_channels_last_input_with_an_nchw_weight(rng, stride):
+    """torch's channels_last models pass such calls: on a GPU the weight (and
+    the weight gradient) reach cuDNN as packed channels-last copies; every
+    result matches the CPU backend."""
+    keep = []
+    n, c, h, w, k = 2, 8, 11, 9, 16
+    x, x_ref = channels_last(rng, n, c, h, w, keep)
+    wt = rng.standard_normal((k, c, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(k).astype(np.float32)
+    geo = dict(stride=stride, padding=1)
+    y = ga.conv2d(x, ga.asarray(wt, device="cuda"), ga.asarray(b, device="cuda"), activation="relu", **geo)
+    y_ref = ga.conv2d(ga.asarray(x_ref), ga.asarray(wt), ga.asarray(b), activation="relu", **geo)
+    tol = dict(rtol=1e-5, atol=1e-5 * np.sqrt(c * 9))
+    np.testing.assert_allclose(y.to("cpu").numpy(), y_ref.numpy(), **tol)
+    gy, gy_ref = channels_last(rng, n, k, *y.shape[2:], keep)
+    got = ga.conv2d_backward(gy, x, ga.asarray(wt, device="cuda"), activation="relu", y=y, **geo)
+    ref = ga.conv2d_backward(ga.asarray(gy_ref), ga.asarray(x_ref), ga.asarray(wt), activation="relu", y=y_ref,
+                             **geo)
+    for g, r, terms in zip(got, ref, (k * 9, n * y.shape[2] * y.shape[3], n * y.shape[2] * y.shape[3])):
+        np.testing.assert_allclose(g.to("cpu").numpy(), r.numpy(), rtol=1e-5, atol=1e-5 * np.sqrt(terms))
+    assert got[1].strides == (c * 9 * 4, 9 * 4, 3 * 4, 4)  # the weight gradient in the weight's own layout

@@ -31,6 +31,7 @@ import sys
 import sysconfig
 import tempfile
 
+import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -252,9 +253,13 @@ def out_size(size, k, stride, pad, dil):
 
 
 class ConvCase:
-    def __init__(self, name, dtype, layout, op, geometry, bias=False, act="none", preact=False):
+    def __init__(self, name, dtype, layout, op, geometry, bias=False, act="none", preact=False, other_layout=(),
+                 workspace=True):
+        """other_layout: roles whose memory has the other layout (a weight left
+        in NCHW beside channels-last activations)."""
         self.name, self.dtype, self.op = name, dtype, op
         self.nhwc = layout == "nhwc"
+        self.other_layout, self.workspace = set(other_layout), workspace
         n, c, h, w, k, r, s, self.stride, self.padding, self.dilation, self.groups = geometry
         p = out_size(h, r, self.stride[0], self.padding[0], self.dilation[0])
         q = out_size(w, s, self.stride[1], self.padding[1], self.dilation[1])
@@ -267,14 +272,15 @@ class ConvCase:
         size = ITEMSIZE[self.dtype]
 
         def spec(role):
-            strides = [s * size for s in packed_strides(self.dims[role], self.nhwc)]
+            strides = [s * size for s in packed_strides(self.dims[role], self.nhwc != (role in self.other_layout))]
             return "%s=%#x:%s:%s" % (role, POINTER[role], ",".join(map(str, self.dims[role])),
                                      ",".join(map(str, strides)))
 
         words = ["probe=conv", "id=" + self.name, "dtype=" + self.dtype, "op=" + self.op, spec("x"), spec("w"),
                  spec("y"), "stride=%d,%d" % self.stride, "padding=%d,%d" % self.padding,
-                 "dilation=%d,%d" % self.dilation, "groups=%d" % self.groups, "act=" + self.act,
-                 "ws=%#x" % POINTER["ws"], "ws_size=%d" % WORKSPACE]
+                 "dilation=%d,%d" % self.dilation, "groups=%d" % self.groups, "act=" + self.act]
+        if self.workspace:
+            words += ["ws=%#x" % POINTER["ws"], "ws_size=%d" % WORKSPACE]
         if self.bias:
             words.append("bias=%#x" % POINTER["bias"])
         if self.preact:
@@ -491,6 +497,15 @@ def check_conv_graph(case, g, kind):
     assert dict(zip(uids, pointers)) == pointer_of, "the variant pack pairs an id with another tensor's data"
     assert g.value(vp, "CUDNN_ATTR_VARIANT_PACK_WORKSPACE", "CUDNN_TYPE_VOID_PTR", 1) == [POINTER["ws"]]
 
+    # the plan's variant packs: a finalized pack takes no new pointers, so a
+    # call whose pointers repeat an earlier one's (of the last four) reuses
+    # its pack, and any other call makes one (pointers moved by 0, 0, 1, 0, 2,
+    # 3, 4, 0 MiB: the last has been evicted by then)
+    cache = g.reply["pack_cache"]
+    assert cache["status"] is None, cache
+    assert [c["made"] for c in cache["calls"]] == [1, 1, 2, 2, 3, 4, 5, 6], cache
+    assert all(c["holds"] for c in cache["calls"]), cache
+
 
 def engine_report(versions, rows):
     lines = ["", "cuDNN %d (built against %d), heuristics mode A with no GPU: engine configs offered per graph"
@@ -538,6 +553,58 @@ def test_conv_graphs_describe_the_convolution(conv_replies, cudnn_enums, capsys)
         assert split == conv, (case.name, split, conv)
         if case.act == "gelu_tanh" and case.dtype in ("float16", "bfloat16"):
             assert split >= 10 and split > 4 * offered[case.name, "fused"], (case.name, offered)
+
+
+def real_tensors(graph, e):
+    """uid -> strides of the real tensors of a graph, as cuDNN reads them back."""
+    out = {}
+    for d in graph["descriptors"]:
+        if d["type"] == e["CUDNN_BACKEND_TENSOR_DESCRIPTOR"] and not d["readback"]["virtual"]:
+            out[d["readback"]["uid"]] = d["readback"]["strides"]
+    return out
+
+
+@pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
+def test_a_tensor_in_the_other_layout_reaches_cudnn_in_the_graphs_layout(cudnn_enums, capsys):
+    """A channels-last input with its weight still NCHW (torch's channels_last
+    models pass such calls; torch converts the weight): the weight (or weight
+    gradient) goes to cuDNN as a packed copy at the front of the workspace, in
+    the layout of the rest, and cuDNN's workspace starts after it.  Without a
+    workspace the mix is described as it is."""
+    geometry = (2, 16, 9, 7, 24, 3, 3, (1, 1), (1, 1), (1, 1), 1)
+    uid = {"x": 1, "w": 2, "y": 3}
+    cases = []
+    for op in ("fwd", "bwd_data", "bwd_filter"):
+        for layout in ("nhwc", "nchw"):
+            for ws in (True, False):
+                cases.append(ConvCase("mixed-%s-%s%s" % (op, layout, "" if ws else "-nows"), "bfloat16", layout, op,
+                                      geometry, other_layout={"w"}, workspace=ws))
+    versions, replies = run_probe([c.line() for c in cases])
+    rows = []
+    for case, reply in zip(cases, replies):
+        assert reply["eligible"] and reply["nhwc"] == case.nhwc, (case.name, reply)
+        (graph,) = reply["graphs"]
+        assert graph["status"] is None, (case.name, graph["status"])
+        strides = real_tensors(graph, cudnn_enums)
+        pack = Graph(graph["variant_pack"], cudnn_enums)
+        (vp,) = pack.descs.values()
+        pointers = dict(zip(pack.value(vp, "CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS", "CUDNN_TYPE_INT64"),
+                            pack.value(vp, "CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS", "CUDNN_TYPE_VOID_PTR")))
+        workspace = pack.value(vp, "CUDNN_ATTR_VARIANT_PACK_WORKSPACE", "CUDNN_TYPE_VOID_PTR", 1)[0]
+        staged_bytes = -(-2 * int(np.prod(case.dims["w"])) // 256) * 256
+        for role, u in uid.items():
+            as_given = case.nhwc != (role in case.other_layout)
+            want_nhwc = case.nhwc if case.workspace else as_given
+            assert strides[u] == packed_strides(case.dims[role], want_nhwc), (case.name, role, strides[u])
+        if case.workspace:
+            assert pointers[uid["w"]] == POINTER["ws"], (case.name, pointers)
+            assert workspace == POINTER["ws"] + staged_bytes, (case.name, workspace)
+        else:
+            assert pointers[uid["w"]] == POINTER["w"] and workspace == 0, (case.name, pointers, workspace)
+        assert pointers[uid["x"]] == POINTER["x"] and pointers[uid["y"]] == POINTER["y"]
+        rows.append((case.name, "conv", graph["heuristics_a"]))
+    with capsys.disabled():
+        print(engine_report(versions, rows))
 
 
 @pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
@@ -680,6 +747,24 @@ def check_matmul(case, reply, e):
             assert desc["aux_batch_stride"] == case.batch_stride[aux]
 
 
+def check_desc_lease(reply):
+    """A plan's matmul descriptor is made once: a later call takes it back
+    with only the pointers it carries set anew (bias, aux); a call that
+    overlaps another makes a second one."""
+    call = reply["fused_call"] if reply["fused"] else reply["plain_call"]
+    lease = call["lease"]
+    assert lease["first_status"] is None and lease["second_status"] is None, lease
+    assert lease["first"] == call["desc"], "a pooled descriptor is not the one make_matmul_desc makes"
+    moved = dict(call["desc"])
+    for key in ("bias_pointer", "aux_pointer"):
+        if isinstance(moved.get(key), int) and moved[key]:
+            moved[key] += 0x100
+    assert lease["second"] == moved, (lease["second"], moved)
+    assert lease["made_one_at_a_time"] == 1
+    assert lease["overlap_status"] is None and lease["overlap_distinct"]
+    assert lease["made_overlapping"] == 2 and lease["pooled"] == 2
+
+
 @pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
 def test_matmul_descriptors_describe_the_gemm(lt_enums):
     versions, replies = run_probe([c.line() for c in MATMUL_CASES])
@@ -687,6 +772,7 @@ def test_matmul_descriptors_describe_the_gemm(lt_enums):
     for case, reply in zip(MATMUL_CASES, replies):
         try:
             check_matmul(case, reply, lt_enums)
+            check_desc_lease(reply)
         except AssertionError as err:
             failures.append("%s: %s" % (case.name, err))
     assert not failures, "\n".join(failures[:20]) + ("\n... %d in all" % len(failures))

@@ -108,6 +108,27 @@ struct View {
     int vote = 0;                      /* +1 channels-last, -1 channels-first, 0 either */
 };
 
+/* A tensor whose strides describe the other layout than the graph's (a
+ * channels-last input with a weight still in NCHW, as a torch model made
+ * channels_last hands them): the graph gets a packed copy in its own
+ * layout, in the workspace — copied in before cuDNN reads it (an input),
+ * or out after cuDNN wrote it (an output) — as torch converts the weight
+ * of such a call.  cuDNN's heuristics do offer engine configs for mixed
+ * layouts (tests/test_cuda_descriptors.py prints their counts), but which
+ * of them are fast only a GPU can tell; a uniform layout is what its fast
+ * NHWC kernels are documented for. */
+struct Staged {
+    bool on = false;
+    bool input = false;
+    ga_tensor user;   /* as given */
+    ga_tensor packed; /* in the workspace, in the graph's layout */
+};
+
+/* Staging takes at most this share of the workspace (the rest stays
+ * cuDNN's); a tensor that does not fit goes to cuDNN as it is. */
+constexpr size_t kStagingShare = 4;
+constexpr size_t kStagingAlign = 256;
+
 struct Problem {
     GaConvOp op = GA_CONV_FWD;
     ga_dtype dtype = GA_FLOAT32;
@@ -123,6 +144,7 @@ struct Problem {
     void *ws = nullptr;
     size_t ws_size = 0;   /* usable workspace bytes (0 without a workspace) */
     bool eligible = true; /* every tensor is describable to cuDNN */
+    Staged staged[4];     /* x, w, y, preact */
     std::string key;      /* ga_conv_key's: the plan cache's (with the device) and the file's */
     /* the tensors as given: the epilogue, copies and the direct route */
     const ga_tensor *tx = nullptr, *tw = nullptr, *ty = nullptr, *tpreact = nullptr;
@@ -221,12 +243,10 @@ void make_bias_view(const void *bias, int64_t k, int64_t itemsize, bool nhwc, Vi
     normalize_strides(v->dims, v->strides, nhwc);
 }
 
-/* Packed strides of y's shape in the problem's layout, for the virtual
- * intermediates. */
-void packed_strides(const Problem &p, int64_t strides[4])
+/* Packed strides (elements) of NCHW-ordered dims in a layout. */
+void packed_layout(const int64_t d[4], bool nhwc, int64_t strides[4])
 {
-    const int64_t *d = p.y.dims;
-    if (p.nhwc) {
+    if (nhwc) {
         strides[1] = 1;
         strides[3] = d[1];
         strides[2] = d[1] * d[3];
@@ -237,6 +257,68 @@ void packed_strides(const Problem &p, int64_t strides[4])
         strides[1] = d[3] * d[2];
         strides[0] = d[3] * d[2] * d[1];
     }
+}
+
+/* Packed strides of y's shape in the problem's layout, for the virtual
+ * intermediates. */
+void packed_strides(const Problem &p, int64_t strides[4])
+{
+    packed_layout(p.y.dims, p.nhwc, strides);
+}
+
+/* Stages each tensor whose strides show the other layout than the
+ * problem's (see Staged): its view becomes a packed tensor at the front of
+ * the workspace, which cuDNN's share then leaves out. */
+void stage_other_layout(Problem *p, const ga_tensor *const given[4], const bool input[4])
+{
+    View *views[4] = {&p->x, &p->w, &p->y, &p->preact};
+    size_t offsets[4] = {0, 0, 0, 0}, used = 0;
+    bool any = false;
+    for (int i = 0; i < 4; i++) {
+        if (!given[i] || views[i]->vote == 0 || (views[i]->vote > 0) == p->nhwc)
+            continue;
+        offsets[i] = used;
+        size_t bytes = (size_t)ga_numel(given[i]) * (size_t)p->itemsize;
+        used += (bytes + kStagingAlign - 1) / kStagingAlign * kStagingAlign;
+        any = true;
+    }
+    if (!any || !p->ws || (uintptr_t)p->ws % kStagingAlign || used > p->ws_size / kStagingShare)
+        return;
+    for (int i = 0; i < 4; i++) {
+        if (!given[i] || views[i]->vote == 0 || (views[i]->vote > 0) == p->nhwc)
+            continue;
+        Staged &st = p->staged[i];
+        st.on = true;
+        st.input = input[i];
+        st.user = *given[i];
+        st.packed = *given[i];
+        st.packed.data = (char *)p->ws + offsets[i];
+        int64_t strides[4];
+        packed_layout(views[i]->dims, p->nhwc, strides);
+        for (int d = 0; d < 4; d++) {
+            st.packed.strides[d] = strides[d] * p->itemsize;
+            views[i]->strides[d] = strides[d];
+        }
+        views[i]->data = st.packed.data;
+        views[i]->align = 16;
+        views[i]->vote = p->nhwc ? 1 : -1;
+    }
+    p->ws = (char *)p->ws + used;
+    p->ws_size -= used;
+}
+
+/* Copies the staged inputs into their packed form (before cuDNN reads
+ * them), or the staged outputs back to the caller's tensors (after). */
+ga_status copy_staged(int device, const Problem &p, bool inputs, ga_stream stream)
+{
+    for (const Staged &st : p.staged) {
+        if (!st.on || st.input != inputs)
+            continue;
+        const ga_tensor *dst = inputs ? &st.packed : &st.user;
+        const ga_tensor *src = inputs ? &st.user : &st.packed;
+        GA_TRY_STATUS(ga_cuda_copy(device, dst, src, stream));
+    }
+    return ga_ok();
 }
 
 cudnnDataType_t io_type(ga_dtype d)
@@ -775,6 +857,7 @@ ga_status run(int device, Problem &p, ga_stream stream, ga_conv_tuning *tuning)
         if (!direct) {
             register_exit_hook();
             GA_CUDNN_TRY(cudnnSetStream(handle, cudnn_stream(s)));
+            GA_TRY_STATUS(copy_staged(device, p, true, stream)); /* cuDNN may read them now */
         }
         if (entry && !direct && !plan) {
             ga_status st = entry_plan(handle, p, *entry, &plan);
@@ -807,12 +890,14 @@ ga_status run(int device, Problem &p, ga_stream stream, ga_conv_tuning *tuning)
     switch (route) {
     case ROUTE_GRAPH:
         GA_TRY_STATUS(execute_plan(handle, *plan, p));
+        GA_TRY_STATUS(copy_staged(device, p, false, stream));
         if (p.op == GA_CONV_FWD && p.has_preact && p.act == GA_ACT_NONE)
             GA_TRY_STATUS(ga_cuda_copy(device, p.tpreact, p.ty, stream)); /* z is y */
         break;
     case ROUTE_SPLIT:
     case ROUTE_UNFUSED: {
         GA_TRY_STATUS(execute_plan(handle, *plan, p));
+        GA_TRY_STATUS(copy_staged(device, p, false, stream));
         ga_status st = route == ROUTE_SPLIT ? run_activation(device, p, stream)
                                             : run_epilogue(device, p, stream);
         if (is_unsupported(st)) {
@@ -881,8 +966,14 @@ void init_problem(Problem *p, GaConvOp op, const ga_conv_geometry *g, const ga_t
     char key[GA_CONV_KEY_MAX];
     ok = ok && ga_conv_key(key, sizeof key, (ga_conv_key_op)op, g, x, w, y, bias, act, preact,
                            p->ws_size) > 0;
-    if (ok)
+    if (ok) {
         p->key = key;
+        /* the inputs and outputs of each op, in conv roles */
+        const ga_tensor *given[4] = {x, w, y, p->has_preact ? preact : nullptr};
+        bool input[4] = {op != GA_CONV_BWD_DATA, op != GA_CONV_BWD_FILTER, op != GA_CONV_FWD,
+                         false};
+        stage_other_layout(p, given, input);
+    }
     p->eligible = ok;
     p->tx = x;
     p->tw = w;

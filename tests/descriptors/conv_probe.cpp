@@ -23,6 +23,8 @@
 
 #include "probe.h"
 
+#include <map>
+
 namespace conv_probe
 {
 
@@ -328,6 +330,48 @@ template <typename F> ga_status recorded(F &&build)
     return st;
 }
 
+/* A plan's variant packs (PackCache) over a run of calls whose pointers
+ * are the problem's moved by 0 (the first call's), 0, 1, 0, 2, 3, 4, 0 MiB:
+ * for each call, how many packs the cache has made by then and whether the
+ * pack it gave holds that call's pointers (as recorded when it was made). */
+std::string pack_cache_json(const Graph &g, const Problem &p)
+{
+    static const int shifts[] = {0, 0, 1, 0, 2, 3, 4, 0};
+    PackCache cache;
+    std::vector<void *> first = graph_pointers(g, p);
+    std::map<const Desc *, std::string> recorded_pointers;
+    std::vector<std::string> calls;
+    for (int shift : shifts) {
+        std::vector<void *> pointers = first;
+        for (void *&ptr : pointers)
+            ptr = (char *)ptr + ((size_t)shift << 20);
+        const Desc *pack = nullptr;
+        uint64_t before = cache.made();
+        g_log.clear();
+        g_recording = true;
+        ga_status st = cache.get(g, pointers, p.ws, &pack);
+        g_recording = false;
+        if (st.error)
+            return JsonObject().raw("status", json_status(st)).str();
+        if (cache.made() != before) /* a new pack: what was set on it */
+            for (const Recorded &r : g_log)
+                if (r.type == CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR)
+                    for (const std::string &a : r.attrs)
+                        if (a.find("\"name\": " +
+                                   std::to_string((int)CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS)) !=
+                            std::string::npos)
+                            recorded_pointers[pack] = a;
+        std::vector<std::string> want;
+        for (void *ptr : pointers)
+            want.push_back(std::to_string((uint64_t)(uintptr_t)ptr));
+        const std::string &set = recorded_pointers[pack];
+        bool holds = set.find("\"values\": " + json_array(want)) != std::string::npos;
+        calls.push_back(
+            JsonObject().integer("made", (int64_t)cache.made()).boolean("holds", holds).str());
+    }
+    return JsonObject().raw("status", "null").raw("calls", json_array(calls)).str();
+}
+
 std::string graph_json(const Problem &p, GraphKind kind)
 {
     JsonObject o;
@@ -354,6 +398,7 @@ std::string graph_json(const Problem &p, GraphKind kind)
         o.raw("variant_pack",
               JsonObject().raw("status", json_status(vs)).raw("descriptors", log_json()).str());
     }
+    o.raw("pack_cache", pack_cache_json(*g, p));
     return o.str();
 }
 
