@@ -433,7 +433,10 @@ typedef struct {
  * <- sum of dz over every dim but channel_dim, in a fixed order
  * (deterministic whatever the thread count), accumulated in float32
  * (float64 for float64).  For relu, aux may be z or y = relu(z) (their
- * signs agree). */
+ * signs agree).  workspace (CUDA; NULL for none): device scratch for the
+ * bias gradient's partial sums, at least
+ * ga_cuda_activation_backward_workspace(desc) bytes to split each
+ * channel's sum across the GPU; with less, one pass per channel. */
 typedef struct {
     ga_tensor grad_y;
     ga_tensor aux;
@@ -442,6 +445,8 @@ typedef struct {
     void *bias_grad;
     ga_dtype bias_grad_dtype;
     int channel_dim;
+    void *workspace;
+    size_t workspace_size;
 } ga_act_backward_desc;
 
 ga_status ga_cpu_bias_activation(const ga_bias_act_desc *desc);
@@ -449,6 +454,9 @@ ga_status ga_cpu_activation_backward(const ga_act_backward_desc *desc);
 ga_status ga_cuda_bias_activation(int device, const ga_bias_act_desc *desc, ga_stream stream);
 ga_status ga_cuda_activation_backward(int device, const ga_act_backward_desc *desc,
                                       ga_stream stream);
+/* The workspace bytes ga_cuda_activation_backward splits this call's bias
+ * gradient with (0: it needs none). */
+size_t ga_cuda_activation_backward_workspace(const ga_act_backward_desc *desc);
 
 /* ================================================================ conv2d */
 

@@ -433,27 +433,63 @@ def bias_act_cases(rng):
         c.ints("activation", ACT[act])
         if k == 1:
             c.limit_grid("bias_act_kernel", 1)
-        bshape = [1] * len(shape)
-        bshape[channel_dim] = shape[channel_dim]
+        add_bias_act_check(c, x, bias, shape, channel_dim, act, y_dtype, with_preact, acc_of(x_dtype, y_dtype, b_dtype))
+        cases.append(c)
+    # dense tensors of one dtype in one memory order (channels-last too):
+    # the 16-byte path, with element counts past the last whole vector, and
+    # channels shorter than a vector, across vectors, or one per element
+    dense = [("bfloat16", "bfloat16", (3, 5, 7, 9), 1, True, "relu", True),
+             ("float32", "float32", (2, 6, 5, 7), 1, False, "gelu", False),
+             ("float16", "float32", (301,), 0, False, "gelu", True),
+             ("float64", "float64", (4, 33), 1, False, "relu", True),
+             ("bfloat16", "float32", (2, 9, 3, 5), 1, True, "none", True)]
+    for k, (dtype, b_dtype, shape, channel_dim, last, act, with_preact) in enumerate(dense):
+        x = values(rng, shape, dtype)
+        bias = values(rng, (shape[channel_dim],), b_dtype)
+        c = Case("bias_act dense %s/%s %s %s" % (dtype, b_dtype, shape, "channels-last" if last else "row-major"),
+                 "bias_act")
 
-        def check(out, x=x, bias=bias.reshape(bshape), act=act, y_dtype=y_dtype, pre=with_preact,
-                  acc=acc_of(x_dtype, y_dtype, b_dtype)):
-            z = f64(x) + f64(bias)
-            z_bound = EPS[acc] * np.abs(z)
-            if pre:
-                assert_within(out["preact"], z, z_bound + rounding_bound(z, y_dtype), "preact")
-            y = act64(act, z)
-            assert_within(out["y"], y, 2 * z_bound + 8 * EPS[acc] * np.abs(y) + rounding_bound(y, y_dtype), "y")
-        c.check = check
+        def placed(arr, last=last):
+            return np.moveaxis(np.moveaxis(arr, 1, 3).copy(), 3, 1) if last else arr.copy()
+        c.tensor("x", placed(x))
+        c.tensor("y", placed(poison(shape, dtype)), written=True)
+        if with_preact:
+            c.tensor("preact", placed(poison(shape, dtype)), written=True)
+        else:
+            c.no_data("preact", dtype)
+        c.ptr("bias", bias)
+        c.dtype("bias_dtype", b_dtype)
+        c.ints("channel_dim", channel_dim)
+        c.ints("activation", ACT[act])
+        if k == 0:
+            c.limit_grid("bias_act_dense_kernel", 1)
+        add_bias_act_check(c, x, bias, shape, channel_dim, act, dtype, with_preact, acc_of(dtype, b_dtype))
         cases.append(c)
     return cases
 
 
+def add_bias_act_check(c, x, bias, shape, channel_dim, act, y_dtype, pre, acc):
+    """y = act(x + bias) (and the pre-activation), against float64."""
+    bshape = [1] * len(shape)
+    bshape[channel_dim] = shape[channel_dim]
+
+    def check(out, x=x, bias=bias.reshape(bshape)):
+        z = f64(x) + f64(bias)
+        z_bound = EPS[acc] * np.abs(z)
+        if pre:
+            assert_within(out["preact"], z, z_bound + rounding_bound(z, y_dtype), "preact")
+        y = act64(act, z)
+        assert_within(out["y"], y, 2 * z_bound + 8 * EPS[acc] * np.abs(y) + rounding_bound(y, y_dtype), "y")
+    c.check = check
+
+
 def act_backward_cases(rng):
-    """Without a bias gradient: act_backward_kernel.  With one: the bias
-    gradient kernels, chosen by the shapes as the entry point does — a
-    thread per channel (R <= 64), a block per channel (channel not the
-    innermost dim), or tiles of 8, 16 and 32 channels (innermost)."""
+    """Without a bias gradient: act_backward_kernel (the dense path for dense
+    tensors of one dtype).  With one: the bias gradient kernels, chosen by
+    the shapes as the entry point does — a thread per channel (R <= 64), a
+    block per channel (channel not the innermost dim), or tiles of 32
+    channels (innermost) — in one pass, or (with a workspace) over chunks of
+    the reduced index added up by bgrad_finish_kernel."""
     cases = []
     plans = [
         # (name, shape, channel_dim, dtypes (grad, aux, dz, bias_grad), act, limit)
@@ -468,33 +504,48 @@ def act_backward_cases(rng):
         ("block", (2, 3, 9, 13), 1, ("float64", "float64", "float64", "float64"), "relu", "bgrad_block_kernel"),
         ("block", (4, 3, 5, 17), 1, ("bfloat16", "bfloat16", "bfloat16", "float32"), "gelu", None),
         ("block", (2, 7, 8, 9), 1, ("float16", "float32", "float16", "float16"), "none", "bgrad_block_kernel"),
-        ("tile8", (67, 101), 1, ("float32", "float32", "float32", "float32"), "gelu", "bgrad_tile_kernel"),
-        ("tile8", (3, 23, 101), 2, ("float64", "float64", "float64", "float64"), "relu", None),
-        ("tile8", (71, 65), 1, ("float16", "float16", "float16", "float32"), "gelu", None),
-        ("tile8", (69, 77), 1, ("bfloat16", "bfloat16", "bfloat16", "bfloat16"), "none", "bgrad_tile_kernel"),
-        ("tile16", (65, 2049), 1, ("float32", "float32", "float32", "float32"), "relu", "bgrad_tile_kernel"),
-        ("tile32", (65, 4099), 1, ("float64", "float64", "float64", "float64"), "none", "bgrad_tile_kernel"),
+        ("tile", (67, 101), 1, ("float32", "float32", "float32", "float32"), "gelu", "bgrad_tile_kernel"),
+        ("tile", (3, 23, 101), 2, ("float64", "float64", "float64", "float64"), "relu", None),
+        ("tile", (71, 65), 1, ("float16", "float16", "float16", "float32"), "gelu", None),
+        ("tile", (69, 77), 1, ("bfloat16", "bfloat16", "bfloat16", "bfloat16"), "none", "bgrad_tile_kernel"),
+        ("tile", (65, 2049), 1, ("float32", "float32", "float32", "float32"), "relu", "bgrad_tile_kernel"),
+        ("wide tile", (65, 4099), 1, ("float64", "float64", "float64", "float64"), "none", "bgrad_tile_kernel"),
+        # dense grad, aux and dz of one dtype: the 16-byte path (element
+        # counts past the last whole vector)
+        ("dense", (3, 5, 7, 9), None, ("bfloat16", "bfloat16", "bfloat16", None), "relu", None),
+        ("dense", (1001,), None, ("float32", "float32", "float32", None), "gelu", "act_backward_dense_kernel"),
+        ("dense", (33, 7), None, ("float64", "float64", "float64", None), "none", None),
+        # with the workspace csrc gives (split): chunks of the reduced index
+        # summed by separate blocks, then added in chunk order
+        ("tile split", (1100, 64), 1, ("float32", "float32", "float32", "float32"), "gelu", None),
+        ("tile split", (2, 1100, 96), 2, ("bfloat16", "bfloat16", "bfloat16", "float32"), "relu",
+         "bgrad_tile_kernel"),
+        ("tile split", (1500, 65), 1, ("float16", "float32", "bfloat16", "float32"), "gelu", None),
+        ("block split", (2, 3, 150, 120), 1, ("float16", "float16", "float16", "float32"), "none", None),
+        ("block split", (3, 2, 101, 113), 1, ("float64", "float64", "float64", "float64"), "gelu",
+         "bgrad_block_kernel"),
         ("elementwise", (3, 37, 29), None, ("float64", "float64", "float64", None), "gelu_tanh", None),
         ("elementwise", (4, 33), None, ("float32", "float32", "float32", None), "silu", None),
         ("elementwise", (301,), None, ("float64", "float64", "float64", None), "hardswish", None),
         ("elementwise", (5, 7, 9), None, ("bfloat16", "float32", "bfloat16", None), "sigmoid", None),
         ("thread", (9, 7, 3), 1, ("float64", "float64", "float64", "float64"), "silu", None),
         ("block", (2, 3, 9, 13), 1, ("float32", "float32", "float32", "float32"), "hardswish", None),
-        ("tile8", (67, 101), 1, ("float64", "float64", "float64", "float64"), "sigmoid", None),
-        ("tile8", (33, 45), 1, ("float16", "float16", "float16", "float32"), "gelu_tanh", None),
+        ("tile", (67, 101), 1, ("float64", "float64", "float64", "float64"), "sigmoid", None),
+        ("tile", (33, 45), 1, ("float16", "float16", "float16", "float32"), "gelu_tanh", None),
     ]
     for k, (kind, shape, channel_dim, (g_dtype, a_dtype, dz_dtype, bg_dtype), act, limit) in enumerate(plans):
         g = values(rng, shape, g_dtype)
         aux = values(rng, shape, a_dtype)
         c = Case("act_backward %s %s %s" % (kind, shape, g_dtype), "act_backward")
-        # dense, so that the innermost dim decides the bias-gradient kernel
-        c.tensor("grad_y", g if kind.startswith("tile") else strided(rng, g))
+        # dense (tiles: so that the innermost dim decides the bias-gradient kernel)
+        dense = "tile" in kind or kind == "dense"
+        c.tensor("grad_y", g if dense else strided(rng, g))
         if act != "none":
-            c.tensor("aux", aux if kind.startswith("tile") else strided(rng, aux))
+            c.tensor("aux", aux if dense else strided(rng, aux))
         has_dz = k % 3 != 2 or bg_dtype is None
         if has_dz:
-            c.tensor("dz", strided(rng, poison(shape, dz_dtype)) if not kind.startswith("tile")
-                     else poison(shape, dz_dtype), written=True)
+            c.tensor("dz", poison(shape, dz_dtype) if dense else strided(rng, poison(shape, dz_dtype)),
+                     written=True)
         else:
             c.no_data("dz", dz_dtype)
         c.ints("activation", ACT[act])
@@ -502,6 +553,8 @@ def act_backward_cases(rng):
             c.ptr("bias_grad", poison((shape[channel_dim],), bg_dtype), written=True)
             c.dtype("bias_grad_dtype", bg_dtype)
             c.ints("channel_dim", channel_dim)
+        if "split" in kind:
+            c.ints("split", 1)
         if limit:
             c.limit_grid(limit, 2)
         c.twin = "bits" if bg_dtype is None else "close"
@@ -565,6 +618,8 @@ def matmul_cases(rng):
         c.matrix("b", strided(rng, b))
         c.matrix("d", strided(rng, poison((batch, M, N), d_dtype), reverse_axis=1 if k % 2 else None), written=True)
         c.twin = "close"
+        if k % 2:
+            c.ints("split", 1)  # the workspace ga_cuda_matmul hands over for the sums
         fields = {}
         if "bias" in epilogue:
             fields["bias"] = values(rng, (N,), d_dtype)
@@ -1009,9 +1064,10 @@ def test_kernels_under_sanitizers(variant, tmp_path, request):
     seed = seed_for(request.node.nodeid)
     rng = np.random.default_rng(seed)
     cases = [c for make in FAMILIES.values() for c in make(rng)]
-    if variant == "tsan":  # a few copies and fills, the wide bias-gradient tiles once
+    if variant == "tsan":  # a few copies and fills, the wide and the split bias-gradient sums once
         cases = [c for k, c in enumerate(cases)
-                 if (c.op not in ("copy", "fill") or k % 8 == 0) and "tile32" not in c.name]
+                 if (c.op not in ("copy", "fill") or k % 8 == 0) and "wide tile" not in c.name
+                 and ("split" not in c.name or "(1100, 64)" in c.name)]
     proc, dirs, launched = run_driver(variant, cases, str(tmp_path), "random:%d" % (seed % 1000))
     report = re.search(r"(AddressSanitizer|ThreadSanitizer|runtime error)", proc.stderr)
     assert not report and proc.returncode == 0, proc.stderr[-6000:]

@@ -74,6 +74,7 @@ __global__ void copy_kernel(char *dst, ga_dtype dst_dtype, const char *src, ga_d
     size_t dst_size = ga_dtype_itemsize(dst_dtype);
     for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < numel;
          idx += (int64_t)gridDim.x * blockDim.x) {
+        GA_TRIP();
         int64_t doff, soff;
         element_offsets(L, idx, &doff, &soff);
         ga_value v = load_element(src_dtype, src + soff, aligned);
@@ -88,6 +89,7 @@ __global__ void fill_kernel(char *dst, size_t itemsize, uint64_t pattern, int64_
 {
     for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < numel;
          idx += (int64_t)gridDim.x * blockDim.x) {
+        GA_TRIP();
         int64_t doff, unused;
         element_offsets(L, idx, &doff, &unused);
         store_bytes(dst + doff, pattern, itemsize, aligned);

@@ -19,7 +19,12 @@
 
 #include "../convert.h"
 
-/* Each float dtype's element type, and the type its sums are computed in. */
+/* Each float dtype's element type, and the type its sums are computed in.
+ * narrow is the hardware's rounding (one, to nearest even: the bits
+ * convert.h's rounding of the same float gives), except for a NaN: the
+ * hardware writes a canonical NaN where convert.h (and the CPU backend)
+ * keep the top bits of its payload, so a NaN takes convert.h's path and
+ * both backends write the same bits for every input. */
 template <typename T> struct Elem;
 template <> struct Elem<__half> {
     using Acc = float;
@@ -29,6 +34,11 @@ template <> struct Elem<__half> {
     }
     static __host__ __device__ __forceinline__ __half narrow(float a)
     {
+        if (a != a) {
+            __half_raw r;
+            r.x = ga_f64_to_f16((double)a);
+            return __half(r);
+        }
         return __float2half_rn(a);
     }
 };
@@ -40,6 +50,11 @@ template <> struct Elem<__nv_bfloat16> {
     }
     static __host__ __device__ __forceinline__ __nv_bfloat16 narrow(float a)
     {
+        if (a != a) {
+            __nv_bfloat16_raw r;
+            r.x = ga_f64_to_bf16((double)a);
+            return __nv_bfloat16(r);
+        }
         return __float2bfloat16_rn(a);
     }
 };
@@ -89,6 +104,48 @@ __host__ __device__ __forceinline__ void store_elem(char *p, typename Elem<T>::A
         memcpy(p, &v, sizeof(T));
 }
 
+/* The dense fast paths move 16 bytes per access: Vec<T> is N elements of
+ * T in one aligned 16-byte unit (the addresses are checked to be 16-byte
+ * aligned before such a path is taken). */
+template <typename T> struct alignas(16) Vec {
+    static constexpr int N = 16 / sizeof(T);
+    T v[N];
+};
+
+template <typename T> __host__ __device__ __forceinline__ Vec<T> load_vec(const char *p)
+{
+    Vec<T> r;
+    *reinterpret_cast<uint4 *>(&r) = *reinterpret_cast<const uint4 *>(p);
+    return r;
+}
+
+template <typename T> __host__ __device__ __forceinline__ void store_vec(char *p, const Vec<T> &r)
+{
+    *reinterpret_cast<uint4 *>(p) = *reinterpret_cast<const uint4 *>(&r);
+}
+
+/* How a kernel reads and writes one tensor's elements, in two kinds that
+ * kernels are templated on: TypedIO<T>, a dtype known at compile time (one
+ * aligned access, the hardware conversions above), and DynIO, a dtype
+ * known only at run time (any alignment, convert.h through double: the
+ * path for any mix of dtypes).  Both give the bits convert.h gives. */
+template <typename T> struct TypedIO {
+    using Acc = typename Elem<T>::Acc;
+    __host__ __device__ __forceinline__ Acc load(const char *p) const
+    {
+        return Elem<T>::widen(*reinterpret_cast<const T *>(p));
+    }
+    template <typename A> __host__ __device__ __forceinline__ void store(char *p, A v) const
+    {
+        *reinterpret_cast<T *>(p) = Elem<T>::narrow((Acc)v);
+    }
+    /* v as a store and a load would give it back */
+    template <typename A> __host__ __device__ __forceinline__ A round(A v) const
+    {
+        return (A)Elem<T>::widen(Elem<T>::narrow((Acc)v));
+    }
+};
+
 /* A float element as double (exact for every float dtype).  Aligned
  * addresses take one wide load; a view may start anywhere, so the others
  * go byte by byte (convert.h's memcpy loads). */
@@ -134,5 +191,22 @@ static __device__ __forceinline__ void store_bits(char *p, uint64_t bits, size_t
     default: *(uint64_t *)p = bits; break;
     }
 }
+
+struct DynIO {
+    ga_dtype dtype;
+    bool aligned;
+    __device__ __forceinline__ double load(const char *p) const
+    {
+        return load_f(dtype, p, aligned);
+    }
+    template <typename A> __device__ __forceinline__ void store(char *p, A v) const
+    {
+        store_bits(p, encode_f(dtype, (double)v), ga_dtype_itemsize(dtype), aligned);
+    }
+    template <typename A> __device__ __forceinline__ A round(A v) const
+    {
+        return (A)decode_f(dtype, encode_f(dtype, (double)v));
+    }
+};
 
 #endif

@@ -681,7 +681,8 @@ extern "C" ga_status ga_cuda_matmul(int device, const ga_matmul_desc *desc, void
     if (desc->batch == 0 || D.rows == 0 || D.cols == 0) {
         if (report)
             *report = rep;
-        return ga_cuda_matmul_unfused(device, desc, 0, stream); /* the sums still due */
+        return ga_cuda_matmul_unfused(device, desc, 0, workspace, workspace ? workspace_size : 0,
+                                      stream); /* the sums still due */
     }
     GA_NVTX_RANGE("matmul");
     GA_WITH_DEVICE(device);
@@ -726,7 +727,7 @@ extern "C" ga_status ga_cuda_matmul(int device, const ga_matmul_desc *desc, void
         if (!done)
             plan->report(&rep, GA_FALLBACK_NO_ENGINE);
     }
-    GA_TRY_STATUS(ga_cuda_matmul_unfused(device, desc, done, stream));
+    GA_TRY_STATUS(ga_cuda_matmul_unfused(device, desc, done, workspace, workspace_size, stream));
     rep.fallback = has_epilogue || !done;
     if (report)
         *report = rep;

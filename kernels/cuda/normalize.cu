@@ -22,6 +22,7 @@ __global__ void normalize_kernel(ga_normalize_desc d, int64_t total)
     int64_t hw = d.h * d.w;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
+        GA_TRIP();
         int64_t image, pixel, ch;
         if (d.nchw) {
             image = i / (d.c * hw);

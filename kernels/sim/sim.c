@@ -905,7 +905,7 @@ ga_status ga_cuda_matmul(int device, const ga_matmul_desc *desc, void *workspace
     if (!status.error)
         status = ga_cuda_matmul_check(desc);
     if (!status.error)
-        status = ga_cuda_matmul_unfused(device, desc, 0, stream);
+        status = ga_cuda_matmul_unfused(device, desc, 0, workspace, workspace_size, stream);
     report->fallback = !status.error;
     report->cache_hit = matmul_calls++ > 0;
     sim_inject_fallback(report);
@@ -930,6 +930,11 @@ ga_status ga_cuda_bias_activation(int device, const ga_bias_act_desc *desc, ga_s
     return status;
 }
 
+size_t ga_cuda_activation_backward_workspace(const ga_act_backward_desc *desc)
+{
+    return ga_sim_kernel_activation_backward_workspace(desc);
+}
+
 ga_status ga_cuda_activation_backward(int device, const ga_act_backward_desc *desc,
                                       ga_stream stream)
 {
@@ -940,6 +945,7 @@ ga_status ga_cuda_activation_backward(int device, const ga_act_backward_desc *de
         tensor_operand(&desc->dz, 1),
         bytes_operand(desc->bias_grad, ga_dtype_itemsize(desc->bias_grad_dtype) * (size_t)channels,
                       1),
+        bytes_operand(desc->workspace, desc->workspace_size, 1),
     };
     pthread_mutex_lock(&sim_lock);
     ga_status status = launch(device, stream, ops, (int)(sizeof ops / sizeof *ops));
