@@ -375,6 +375,31 @@ def copy_cases(rng):
             np.testing.assert_array_equal(f64(out["dst"]), f64(convert_ref(src, dst_dtype)))
         c.check = check
         cases.append(c)
+    # dense float arrays of one order (an astype): the 16-byte path, with
+    # the values where a conversion's rounding shows (NaN with a payload,
+    # infinities, overflow, subnormals, halfway cases) among random ones
+    special = np.array([np.nan, -np.nan, np.inf, -np.inf, 70000.0, -1e-6, 3e-8, 1e-40, 1 + 2.0**-11,
+                        1 + 3 * 2.0**-11, 1 + 2.0**-8, 256.5, -0.0])
+    for k, (dst_dtype, src_dtype) in enumerate((d, s_) for d in FLOATS for s_ in FLOATS if d != s_):
+        n = 301 + 2 * k
+        src = values(rng, (n,), src_dtype, scale=100.0)
+        with np.errstate(over="ignore"):  # 70000 is inf in float16: on purpose
+            src[:special.size] = special.astype(numpy_dtype(src_dtype))
+        if src_dtype != "float64":  # a NaN payload beyond the quiet bit
+            raw = src.view({2: np.uint16, 4: np.uint32}[src.itemsize])
+            raw[0] |= 0x5 if src.itemsize == 2 else 0x2a000
+        c = Case("astype %s<-%s dense" % (dst_dtype, src_dtype), "copy")
+        c.tensor("src", src)
+        c.tensor("dst", poison((n,), dst_dtype), written=True)
+        if k % 4 == 0:
+            c.limit_grid("convert_dense_kernel", 1)
+
+        def check(out, src=src, dst_dtype=dst_dtype):
+            with np.errstate(over="ignore"):
+                ref = convert_ref(src, dst_dtype)
+            np.testing.assert_array_equal(f64(out["dst"]), f64(ref))
+        c.check = check
+        cases.append(c)
     for k, dtype in enumerate(DTYPES):
         # 1-D too: there an element past the end is past the buffer (in more
         # dims the outermost index wraps around to an element already written)
@@ -835,36 +860,42 @@ def conv_cases(rng):
 
 
 def normalize_cases(rng):
+    """Every output dtype in both layouts, 16 bytes per store (and the
+    outputs past the last whole vector one at a time); a destination that
+    is not 16-byte aligned (skip: it starts one element into its buffer)
+    takes one element at a time throughout."""
     cases = []
-    for k, dtype in enumerate(FLOATS):
-        for nchw in (0, 1):
-            n, h, w, ch = 3, 5, 7 + k, 3
-            src = rng.integers(0, 256, size=(n, h, w, ch)).astype(np.uint8)
-            scale = rng.uniform(0.001, 0.05, ch)
-            shift = rng.uniform(-2, 2, ch)
-            c = Case("normalize %s nchw=%d" % (dtype, nchw), "normalize")
-            c.ptr("src", src)
-            out_shape = (n, ch, h, w) if nchw else (n, h, w, ch)
-            c.ptr("dst", poison(out_shape, dtype), written=True)
-            c.dtype("dtype", dtype)
-            c.ints("n", n)
-            c.ints("h", h)
-            c.ints("w", w)
-            c.ints("c", ch)
-            c.ints("nchw", nchw)
-            c.floats("scale", *scale)
-            c.floats("shift", *shift)
-            if nchw:
-                c.limit_grid("normalize_kernel", 1)
+    for k, (dtype, nchw, skip) in enumerate([(d, layout, 0) for d in FLOATS for layout in (0, 1)]
+                                            + [("bfloat16", 0, 1), ("float32", 1, 1)]):
+        n, h, w, ch = 3, 5, 7 + k % 4, 3
+        src = rng.integers(0, 256, size=(n, h, w, ch)).astype(np.uint8)
+        scale = rng.uniform(0.001, 0.05, ch)
+        shift = rng.uniform(-2, 2, ch)
+        c = Case("normalize %s nchw=%d%s" % (dtype, nchw, " misaligned" if skip else ""), "normalize")
+        c.ptr("src", src)
+        out_shape = (n, ch, h, w) if nchw else (n, h, w, ch)
+        c.ptr("dst", poison((skip + int(np.prod(out_shape)),), dtype), written=True)
+        c.ints("dst_skip", skip)
+        c.dtype("dtype", dtype)
+        c.ints("n", n)
+        c.ints("h", h)
+        c.ints("w", w)
+        c.ints("c", ch)
+        c.ints("nchw", nchw)
+        c.floats("scale", *scale)
+        c.floats("shift", *shift)
+        if nchw:
+            c.limit_grid("normalize_kernel", 1)
 
-            def check(out, src=src, scale=scale, shift=shift, dtype=dtype, nchw=nchw):
-                ref = src.astype(np.float64) * scale + shift
-                if nchw:
-                    ref = np.moveaxis(ref, 3, 1)
-                acc = "float64" if dtype == "float64" else "float32"
-                assert_within(out["dst"], ref, 4 * EPS[acc] * (np.abs(ref) + 3) + rounding_bound(ref, dtype), "dst")
-            c.check = check
-            cases.append(c)
+        def check(out, src=src, scale=scale, shift=shift, dtype=dtype, nchw=nchw, skip=skip, shape=out_shape):
+            ref = src.astype(np.float64) * scale + shift
+            if nchw:
+                ref = np.moveaxis(ref, 3, 1)
+            acc = "float64" if dtype == "float64" else "float32"
+            got = out["dst"][skip:].reshape(shape)
+            assert_within(got, ref, 4 * EPS[acc] * (np.abs(ref) + 3) + rounding_bound(ref, dtype), "dst")
+        c.check = check
+        cases.append(c)
     return cases
 
 

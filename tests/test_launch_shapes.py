@@ -289,7 +289,7 @@ def test_every_launch_fills_an_h100_or_bounds_its_serial_work(launches):
                                                          MAX_TRIPS))
     assert not slow, "\n".join(slow)
     # every kernel the benchmarks can reach was seen (a new kernel joins a case here)
-    expected = {"bias_act_dense_kernel", "copy_kernel", "conv_fwd_direct", "conv_bwd_data_direct",
+    expected = {"bias_act_dense_kernel", "copy_same_kernel", "conv_fwd_direct", "conv_bwd_data_direct",
                 "conv_bwd_filter_direct", "gemm_generic_kernel", "normalize_kernel", "logger_update_kernel",
                 "logger_reset_kernel"}
     assert expected <= seen, sorted(expected - seen)

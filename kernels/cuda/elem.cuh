@@ -20,23 +20,32 @@
 #include "../convert.h"
 
 /* Each float dtype's element type, and the type its sums are computed in.
- * narrow is the hardware's rounding (one, to nearest even: the bits
- * convert.h's rounding of the same float gives), except for a NaN: the
- * hardware writes a canonical NaN where convert.h (and the CPU backend)
- * keep the top bits of its payload, so a NaN takes convert.h's path and
- * both backends write the same bits for every input. */
+ * widen and narrow are the hardware's conversions (exact, and one rounding
+ * to nearest even: the bits convert.h gives), except for a NaN: convert.h
+ * (and so the CPU backend) keeps the top bits of a NaN's payload, quieted,
+ * where the hardware may write a canonical NaN — so a NaN's bits are made
+ * here with integer operations, as convert.h's through double make them. */
 template <typename T> struct Elem;
 template <> struct Elem<__half> {
     using Acc = float;
     static __host__ __device__ __forceinline__ float widen(__half v)
     {
+        uint16_t h = __half_raw(v).x;
+        if ((h & 0x7c00u) == 0x7c00u && (h & 0x3ffu)) {
+            uint32_t bits = ((uint32_t)(h & 0x8000u) << 16) | 0x7fc00000u | ((h & 0x3ffu) << 13);
+            float f;
+            memcpy(&f, &bits, sizeof f);
+            return f;
+        }
         return __half2float(v);
     }
     static __host__ __device__ __forceinline__ __half narrow(float a)
     {
         if (a != a) {
+            uint32_t b;
+            memcpy(&b, &a, sizeof b);
             __half_raw r;
-            r.x = ga_f64_to_f16((double)a);
+            r.x = (uint16_t)(((b >> 16) & 0x8000u) | 0x7e00u | ((b >> 13) & 0x3ffu));
             return __half(r);
         }
         return __float2half_rn(a);
@@ -46,13 +55,15 @@ template <> struct Elem<__nv_bfloat16> {
     using Acc = float;
     static __host__ __device__ __forceinline__ float widen(__nv_bfloat16 v)
     {
-        return __bfloat162float(v);
+        return __bfloat162float(v); /* a shift: a NaN keeps its payload */
     }
     static __host__ __device__ __forceinline__ __nv_bfloat16 narrow(float a)
     {
         if (a != a) {
+            uint32_t b;
+            memcpy(&b, &a, sizeof b);
             __nv_bfloat16_raw r;
-            r.x = ga_f64_to_bf16((double)a);
+            r.x = (uint16_t)(((b >> 16) & 0x8000u) | 0x7fc0u | ((b >> 16) & 0x7fu));
             return __nv_bfloat16(r);
         }
         return __float2bfloat16_rn(a);

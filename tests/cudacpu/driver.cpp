@@ -536,8 +536,9 @@ ga_status run(const std::string &op, const Side &s, bool cuda)
         ga_normalize_desc d;
         memset(&d, 0, sizeof d);
         d.src = (const uint8_t *)s.ptr("src");
-        d.dst = s.ptr("dst");
         d.dtype = s.dtype("dtype");
+        /* dst_skip: the output starts that many elements into its buffer */
+        d.dst = (char *)s.ptr("dst") + s.integer("dst_skip") * (int64_t)ga_dtype_itemsize(d.dtype);
         d.n = s.integer("n");
         d.h = s.integer("h");
         d.w = s.integer("w");
