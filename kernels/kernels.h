@@ -35,8 +35,10 @@
  *      use it;
  *   9. tests/ops.py: one registry entry (sample inputs, references, dtypes),
  *      which the suites draw from; tests/cudacpu/driver.cpp to run its CUDA
- *      kernels on the CPU (tests/test_kernels_on_cpu.py); tests/README.md
- *      maps sources to tests;
+ *      kernels on the CPU (tests/test_kernels_on_cpu.py), with GA_TRIP() in
+ *      every loop that grows with the problem and a case at the benchmark's
+ *      sizes in tests/test_launch_shapes.py; tests/README.md maps sources
+ *      to tests;
  *  10. benchmarks/: side by side with torch.
  * An activation is added in activation.h (formula and derivative, one
  * source for both backends), ga_activation below, the libraries' epilogue
