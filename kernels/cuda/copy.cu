@@ -183,7 +183,7 @@ __global__ void convert_dense_kernel(char *dst, const char *src, int64_t numel)
         Vec<S> in = load_vec<S>(src + v * 16);
         constexpr int Q = (int)(sizeof(D) * N / 16); /* whole 16-byte stores of D */
         if constexpr (Q > 0) {
-            Vec<D> converted[Q];
+            Vec<D> converted[Q] = {};
 #pragma unroll
             for (int j = 0; j < N; j++)
                 converted[j / Vec<D>::N].v[j % Vec<D>::N] = convert_float<D, S>(in.v[j]);

@@ -126,13 +126,24 @@ template <typename T> struct alignas(16) Vec {
 template <typename T> __host__ __device__ __forceinline__ Vec<T> load_vec(const char *p)
 {
     Vec<T> r;
-    *reinterpret_cast<uint4 *>(&r) = *reinterpret_cast<const uint4 *>(p);
+#ifdef __CUDA_ARCH__
+    uint4 v = *reinterpret_cast<const uint4 *>(p); /* one 16-byte load */
+    memcpy(&r, &v, sizeof r);
+#else
+    memcpy(&r, p, sizeof r);
+#endif
     return r;
 }
 
 template <typename T> __host__ __device__ __forceinline__ void store_vec(char *p, const Vec<T> &r)
 {
-    *reinterpret_cast<uint4 *>(p) = *reinterpret_cast<const uint4 *>(&r);
+#ifdef __CUDA_ARCH__
+    uint4 v;
+    memcpy(&v, &r, sizeof v);
+    *reinterpret_cast<uint4 *>(p) = v; /* one 16-byte store */
+#else
+    memcpy(p, &r, sizeof r);
+#endif
 }
 
 /* How a kernel reads and writes one tensor's elements, in two kinds that

@@ -198,7 +198,7 @@ __global__ void bias_act_dense_kernel(int64_t numel, ChanWalk cw,
     for (int64_t v = first; v < vectors; v += step) {
         GA_TRIP();
         int64_t offset = v * N * (int64_t)sizeof(T);
-        Vec<T> x = load_vec<T>(a.x + offset), y, z;
+        Vec<T> x = load_vec<T>(a.x + offset), y = {}, z = {};
         ChanWalk::At c = cw.at(v * N);
 #pragma unroll
         for (int j = 0; j < N; j++) {
@@ -277,7 +277,7 @@ __global__ void act_backward_dense_kernel(int64_t numel,
     for (int64_t v = first; v < vectors; v += step) {
         GA_TRIP();
         int64_t offset = v * N * (int64_t)sizeof(T);
-        Vec<T> g = load_vec<T>(a.grad + offset), x, dz;
+        Vec<T> g = load_vec<T>(a.grad + offset), x = {}, dz = {};
         if (a.act != GA_ACT_NONE)
             x = load_vec<T>(a.aux + offset);
 #pragma unroll

@@ -87,7 +87,7 @@ __global__ void normalize_kernel(ga_normalize_desc d, int64_t total, bool vector
     for (int64_t v = first; v < vectors; v += step) {
         GA_TRIP();
         Pixel p(d, v * N);
-        Vec<T> out;
+        Vec<T> out = {};
 #pragma unroll
         for (int j = 0; j < N; j++) {
             out.v[j] = normalized<T>(d, p);
