@@ -32,9 +32,18 @@
  *            slow, but correct for every stride pattern, group count and
  *            float dtype.
  * The route and engine that worked are cached per problem (plan_cache.h),
- * failures included, so a problem pays for the search once per process.
- * Why a problem did not get its fused graph is cached with it and
- * reported on every call (ga_op_report.reason, see kernels.h).
+ * failures included, so a problem pays for the search once per process;
+ * the cache's key is kernels/conv_key.h's, which csrc/ also reads and
+ * writes the tuning file under (kernels.h's ga_conv_tuning: a call that
+ * may not tune runs a ready plan or comes back for setup, which the caller
+ * then runs without the GIL).  Why a problem did not get its fused graph
+ * — what every engine config of the graphs tried before the route taken
+ * met — is cached with it and reported on every call (ga_op_report.reason,
+ * see kernels.h).
+ *
+ * A tensor whose strides show the other layout than the rest (an NCHW
+ * weight beside channels-last activations) reaches cuDNN as a packed copy
+ * in the workspace (see Staged).
  *
  * CUDA graph capture: a capturing call runs a plan this thread has ready,
  * or the direct kernels; it never tunes (heuristics, finalization, trial
