@@ -7,8 +7,9 @@ with torch's `grad * act'(z)` then `.sum(...)`, in one run:
   - ResNet-50's convolutions (bench_conv.py's shapes: batch 128, bfloat16,
     channels-last), conv2d_backward asked for the bias gradient alone
     (ReLU: its derivative reads the layer's output y);
-  - an MLP's linear layers (bench_matmul.py's shapes, bfloat16),
-    linear_backward likewise (GELU's derivative reads the pre-activation).
+  - an MLP's linear layers (bench_matmul.py's shapes and activations,
+    bfloat16), linear_backward likewise (the derivative reads the
+    pre-activation).
 
 GB/s counts the bytes each must move at least (grad and the activation's
 input read, dz written) over the time per call; the bias gradient's sums
@@ -29,6 +30,16 @@ import gpuaccel as ga
 from gpuaccel import bench
 
 from common import machine, print_table
+
+# gpuaccel's activation names (kernels/activation.h) as torch computes them
+TORCH_ACTIVATIONS = {
+    "relu": torch.relu,
+    "gelu": torch.nn.functional.gelu,
+    "gelu_tanh": lambda z: torch.nn.functional.gelu(z, approximate="tanh"),
+    "silu": torch.nn.functional.silu,
+    "hardswish": torch.nn.functional.hardswish,
+    "sigmoid": torch.sigmoid,
+}
 
 
 def conv_case(n, c, k, hw, r, device, dtype):
@@ -53,7 +64,6 @@ def linear_case(tokens, fin, fout, act, device, dtype):
     w = torch.randn(fout, fin, device=device, dtype=dtype) * 0.02
     z = torch.randn(tokens, fout, device=device, dtype=dtype)
     g = torch.randn(tokens, fout, device=device, dtype=dtype)
-    approximate = "tanh"  # gpuaccel's "gelu" (kernels/activation.h)
 
     def ours():
         return ga.linear_backward(g, x, w, activation=act, preactivation=z, needs_input_grad=False,
@@ -62,8 +72,7 @@ def linear_case(tokens, fin, fout, act, device, dtype):
     def theirs():
         zz = z.detach().float().requires_grad_(True)
         with torch.enable_grad():
-            out = torch.relu(zz) if act == "relu" else torch.nn.functional.gelu(zz, approximate=approximate)
-            (dz,) = torch.autograd.grad(out, zz, g.float())
+            (dz,) = torch.autograd.grad(TORCH_ACTIVATIONS[act](zz), zz, g.float())
         return dz.to(dtype).float().sum(dim=0)
 
     return ours, theirs, 3 * g.numel() * g.element_size()
