@@ -6,10 +6,11 @@ with torch's `grad * act'(z)` then `.sum(...)`, in one run:
 
   - ResNet-50's convolutions (bench_conv.py's shapes: batch 128, bfloat16,
     channels-last), conv2d_backward asked for the bias gradient alone
-    (ReLU: its derivative reads the layer's output y);
-  - an MLP's linear layers (bench_matmul.py's shapes and activations,
-    bfloat16), linear_backward likewise (the derivative reads the
-    pre-activation).
+    (ReLU: its derivative reads the layer's output y), and every other
+    activation at the first shape (the derivative reads the pre-activation);
+  - an MLP's linear layers (bench_matmul.py's shapes and activations, and
+    the rest of the activations at the first shape, bfloat16),
+    linear_backward likewise (the derivative reads the pre-activation).
 
 GB/s counts the bytes each must move at least (grad and the activation's
 input read, dz written) over the time per call; the bias gradient's sums
@@ -40,21 +41,33 @@ TORCH_ACTIVATIONS = {
     "hardswish": torch.nn.functional.hardswish,
     "sigmoid": torch.sigmoid,
 }
+# "gelu" as gpuaccel spells the exact form without its warning about the
+# name's change of meaning
+GA_NAME = {"gelu": "gelu_erf"}
 
 
-def conv_case(n, c, k, hw, r, device, dtype):
+def conv_case(n, c, k, hw, r, act, device, dtype):
     fmt = torch.channels_last if device == "cuda" else torch.contiguous_format
     x = torch.randn(n, c, hw, hw, device=device, dtype=dtype).contiguous(memory_format=fmt)
     w = torch.randn(k, c, r, r, device=device, dtype=dtype) * 0.05
-    y = torch.relu(torch.randn(n, k, hw, hw, device=device, dtype=dtype)).contiguous(memory_format=fmt)
+    z = torch.randn(n, k, hw, hw, device=device, dtype=dtype).contiguous(memory_format=fmt)
+    y = torch.relu(z)
     g = torch.randn(n, k, hw, hw, device=device, dtype=dtype).contiguous(memory_format=fmt)
+    # ReLU's derivative reads the layer's output, the others' the saved
+    # pre-activation (one tensor either way)
+    aux = {"y": y} if act == "relu" else {"preactivation": z}
 
     def ours():
-        return ga.conv2d_backward(g, x, w, padding=r // 2, activation="relu", y=y, needs_input_grad=False,
-                                  needs_weight_grad=False, needs_bias_grad=True)[2]
+        return ga.conv2d_backward(g, x, w, padding=r // 2, activation=GA_NAME.get(act, act), needs_input_grad=False,
+                                  needs_weight_grad=False, needs_bias_grad=True, **aux)[2]
 
     def theirs():
-        return (g * (y > 0)).sum(dim=(0, 2, 3), dtype=torch.float32)
+        if act == "relu":
+            return (g * (y > 0)).sum(dim=(0, 2, 3), dtype=torch.float32)
+        zz = z.detach().float().requires_grad_(True)
+        with torch.enable_grad():
+            (dz,) = torch.autograd.grad(TORCH_ACTIVATIONS[act](zz), zz, g.float())
+        return dz.to(dtype).float().sum(dim=(0, 2, 3))
 
     return ours, theirs, 3 * g.numel() * g.element_size()
 
@@ -66,7 +79,7 @@ def linear_case(tokens, fin, fout, act, device, dtype):
     g = torch.randn(tokens, fout, device=device, dtype=dtype)
 
     def ours():
-        return ga.linear_backward(g, x, w, activation=act, preactivation=z, needs_input_grad=False,
+        return ga.linear_backward(g, x, w, activation=GA_NAME.get(act, act), preactivation=z, needs_input_grad=False,
                                   needs_weight_grad=False, needs_bias_grad=True)[2]
 
     def theirs():
@@ -90,13 +103,19 @@ def main():
         dtype, convs, linears = torch.float32, [(4, 16, 16, 14, 3), (4, 32, 64, 7, 1)], [(256, 64, 128, "gelu")]
     if args.quick:
         convs, linears = convs[:2], linears[:2]
-    cases = [("conv %dx%dx%dx%d->%d r%d" % (n, c, hw, hw, k, r), conv_case(n, c, k, hw, r, device, dtype))
-             for n, c, k, hw, r in convs]
+    convs = [shape + ("relu",) for shape in convs]
+    # every activation at the first shape of each kind (the derivative's
+    # arithmetic differs; the memory traffic does not)
+    others = [a for a in TORCH_ACTIVATIONS if a != "relu"]
+    convs += [convs[0][:5] + (a,) for a in others]
+    linears += [linears[0][:3] + (a,) for a in TORCH_ACTIVATIONS if a not in [s[3] for s in linears]]
+    cases = [("conv %dx%dx%dx%d->%d r%d %s" % (n, c, hw, hw, k, r, a), conv_case(n, c, k, hw, r, a, device, dtype))
+             for n, c, k, hw, r, a in convs]
     cases += [("linear %dx%d->%d %s" % (t, i, o, a), linear_case(t, i, o, a, device, dtype))
               for t, i, o, a in linears]
     rows = []
     for name, (ours, theirs, nbytes) in cases:
-        got, want = ours().float(), theirs().float()
+        got, want = torch.from_dlpack(ours()).float(), theirs().float()
         scale = float(want.abs().max()) + 1e-30
         worst = float((got - want).abs().max()) / scale
         ms_ours = bench.time_ms(ours, torch, device)

@@ -79,7 +79,6 @@ static int add_exceptions(PyObject *module, ga_state *st)
     if (st->FallbackWarning &&
         PyModule_AddObjectRef(module, "FallbackWarning", st->FallbackWarning) < 0)
         Py_CLEAR(st->FallbackWarning);
-    Py_CLEAR(st->GeluChangedWarning);
     st->GeluChangedWarning = PyErr_NewExceptionWithDoc("gpuaccel.GeluChangedWarning",
                                                        gelu_changed_doc, PyExc_FutureWarning, NULL);
     if (st->GeluChangedWarning &&

@@ -467,12 +467,20 @@ def bias_act_cases(rng):
              ("float32", "float32", (2, 6, 5, 7), 1, False, "gelu", False),
              ("float16", "float32", (301,), 0, False, "gelu", True),
              ("float64", "float64", (4, 33), 1, False, "relu", True),
-             ("bfloat16", "float32", (2, 9, 3, 5), 1, True, "none", True)]
+             ("bfloat16", "float32", (2, 9, 3, 5), 1, True, "none", True),
+             ("bfloat16", "bfloat16", (2, 11, 3, 5), 1, True, "silu", False),
+             ("float32", "float32", (1003,), 0, False, "hardswish", True),
+             ("float16", "float32", (7, 45), 1, False, "sigmoid", False),
+             ("float64", "float64", (3, 4, 5, 6), 1, True, "gelu_tanh", True)]
+    # no bias: the split route's y = act(z) after the library's GEMM or
+    # conv + bias (matmul_unfused.cu's ga_cuda_matmul_activation, conv.cu)
+    dense += [("bfloat16", None, (37, 29), 1, False, act, False) for act in ("gelu", "silu", "hardswish")]
+    dense += [("float16", None, (2, 13, 5, 3), 1, True, act, False) for act in ("sigmoid", "gelu_tanh", "relu")]
     for k, (dtype, b_dtype, shape, channel_dim, last, act, with_preact) in enumerate(dense):
         x = values(rng, shape, dtype)
-        bias = values(rng, (shape[channel_dim],), b_dtype)
-        c = Case("bias_act dense %s/%s %s %s" % (dtype, b_dtype, shape, "channels-last" if last else "row-major"),
-                 "bias_act")
+        bias = values(rng, (shape[channel_dim],), b_dtype) if b_dtype else np.zeros(shape[channel_dim])
+        c = Case("bias_act dense %s/%s %s %s %s" % (dtype, b_dtype, shape, "channels-last" if last else "row-major",
+                                                  act), "bias_act")
 
         def placed(arr, last=last):
             return np.moveaxis(np.moveaxis(arr, 1, 3).copy(), 3, 1) if last else arr.copy()
@@ -482,13 +490,14 @@ def bias_act_cases(rng):
             c.tensor("preact", placed(poison(shape, dtype)), written=True)
         else:
             c.no_data("preact", dtype)
-        c.ptr("bias", bias)
-        c.dtype("bias_dtype", b_dtype)
+        if b_dtype:
+            c.ptr("bias", bias)
+        c.dtype("bias_dtype", b_dtype or dtype)
         c.ints("channel_dim", channel_dim)
         c.ints("activation", ACT[act])
         if k == 0:
             c.limit_grid("bias_act_dense_kernel", 1)
-        add_bias_act_check(c, x, bias, shape, channel_dim, act, dtype, with_preact, acc_of(dtype, b_dtype))
+        add_bias_act_check(c, x, bias, shape, channel_dim, act, dtype, with_preact, acc_of(dtype, b_dtype or dtype))
         cases.append(c)
     return cases
 
@@ -549,6 +558,15 @@ def act_backward_cases(rng):
         ("block split", (2, 3, 150, 120), 1, ("float16", "float16", "float16", "float32"), "none", None),
         ("block split", (3, 2, 101, 113), 1, ("float64", "float64", "float64", "float64"), "gelu",
          "bgrad_block_kernel"),
+        # every activation through the dense path and the split bias gradient
+        ("dense", (5, 7, 11), None, ("bfloat16", "bfloat16", "bfloat16", None), "silu", None),
+        ("dense", (999,), None, ("float16", "float16", "float16", None), "hardswish", None),
+        ("dense", (17, 9), None, ("float32", "float32", "float32", None), "sigmoid", None),
+        ("dense", (3, 301), None, ("float64", "float64", "float64", None), "gelu_tanh", None),
+        ("tile split", (1100, 64), 1, ("bfloat16", "bfloat16", "bfloat16", "float32"), "silu", None),
+        ("block split", (2, 3, 150, 120), 1, ("float32", "float32", "float32", "float32"), "sigmoid", None),
+        ("tile split", (1200, 33), 1, ("float16", "float16", "float16", "float32"), "hardswish", None),
+        ("tile split", (2, 700, 40), 2, ("float64", "float64", "float64", "float64"), "gelu_tanh", None),
         ("elementwise", (3, 37, 29), None, ("float64", "float64", "float64", None), "gelu_tanh", None),
         ("elementwise", (4, 33), None, ("float32", "float32", "float32", None), "silu", None),
         ("elementwise", (301,), None, ("float64", "float64", "float64", None), "hardswish", None),
@@ -613,7 +631,9 @@ def act_backward_cases(rng):
 
 def matmul_cases(rng):
     """The generic GEMM and the epilogue kernels after it: what
-    ga_cuda_matmul runs when cuBLASLt cannot (kernels/cuda/fallback.h)."""
+    ga_cuda_matmul runs when cuBLASLt cannot (kernels/cuda/fallback.h);
+    and ("split_...") the split route's activation after a GEMM + bias
+    (cuBLASLt's half done by the generic kernel here)."""
     cases = []
     plans = [
         # (dtype, d_dtype, batch, M, K, N, epilogue)
@@ -631,11 +651,17 @@ def matmul_cases(rng):
         ("float64", "float64", 1, 21, 13, 29, "dact_hardswish"),
         ("float64", "float64", 1, 17, 22, 15, "dact_sigmoid_col_sums"),
         ("float32", "float32", 2, 15, 31, 18, "dact_gelu_tanh"),
+        ("float32", "float32", 2, 21, 19, 25, "split_bias_silu_preact"),
+        ("float64", "float64", 1, 27, 16, 13, "split_gelu"),
+        ("bfloat16", "bfloat16", 2, 11, 33, 20, "split_bias_hardswish"),
+        ("float16", "float32", 1, 23, 17, 29, "split_bias_sigmoid_preact"),
+        ("float32", "float32", 1, 17, 23, 21, "split_bias_relu_preact"),
     ]
     for k, (dtype, d_dtype, batch, M, K, N, epilogue) in enumerate(plans):
         a = values(rng, (batch, M, K), dtype)
         b = values(rng, (batch, K, N), dtype)
-        c = Case("matmul %s->%s %dx%dx%dx%d %s" % (dtype, d_dtype, batch, M, K, N, epilogue), "matmul")
+        op = "matmul_split" if epilogue.startswith("split") else "matmul"
+        c = Case("%s %s->%s %dx%dx%dx%d %s" % (op, dtype, d_dtype, batch, M, K, N, epilogue), op)
         c.ints("batch", batch)
         # A transposed in memory, B with gaps, D reversed along rows
         a_mem = np.swapaxes(strided(rng, np.swapaxes(a, 1, 2).copy()), 1, 2) if k % 2 else strided(rng, a)
@@ -863,16 +889,20 @@ def normalize_cases(rng):
     """Every output dtype in both layouts, 16 bytes per store (and the
     outputs past the last whole vector one at a time); a destination that
     is not 16-byte aligned (skip: it starts one element into its buffer)
-    takes one element at a time throughout."""
+    takes one element at a time throughout; channels-first sources too,
+    whose next image is not the last pixel's neighbour."""
     cases = []
-    for k, (dtype, nchw, skip) in enumerate([(d, layout, 0) for d in FLOATS for layout in (0, 1)]
-                                            + [("bfloat16", 0, 1), ("float32", 1, 1)]):
+    layouts = [(d, nchw, src_chw, 0) for k, d in enumerate(FLOATS)
+               for nchw, src_chw in ((0, 0), (1, 0), (k % 2, 1))]  # channels-first sources: torchvision's tensors
+    for k, (dtype, nchw, src_chw, skip) in enumerate(layouts + [("bfloat16", 0, 1, 1), ("float32", 1, 0, 1)]):
         n, h, w, ch = 3, 5, 7 + k % 4, 3
         src = rng.integers(0, 256, size=(n, h, w, ch)).astype(np.uint8)
         scale = rng.uniform(0.001, 0.05, ch)
         shift = rng.uniform(-2, 2, ch)
-        c = Case("normalize %s nchw=%d%s" % (dtype, nchw, " misaligned" if skip else ""), "normalize")
-        c.ptr("src", src)
+        c = Case("normalize %s nchw=%d src_chw=%d%s" % (dtype, nchw, src_chw, " misaligned" if skip else ""),
+                 "normalize")
+        c.ptr("src", np.ascontiguousarray(src.transpose(0, 3, 1, 2)) if src_chw else src)
+        c.ints("src_chw", src_chw)
         out_shape = (n, ch, h, w) if nchw else (n, h, w, ch)
         c.ptr("dst", poison((skip + int(np.prod(out_shape)),), dtype), written=True)
         c.ints("dst_skip", skip)
@@ -894,6 +924,75 @@ def normalize_cases(rng):
             acc = "float64" if dtype == "float64" else "float32"
             got = out["dst"][skip:].reshape(shape)
             assert_within(got, ref, 4 * EPS[acc] * (np.abs(ref) + 3) + rounding_bound(ref, dtype), "dst")
+        c.check = check
+        cases.append(c)
+    return cases
+
+
+# ---------------------------------------------------------------- resize
+
+
+def resize_axis64(origin, scale, lo, hi, n):
+    """torch's antialiased bilinear weights (upsample_bilinear2d_aa) of n
+    output pixels over input pixels [lo, hi): a float64 matrix."""
+    support = scale if scale >= 1 else 1.0
+    inv = 1.0 / scale if scale >= 1 else 1.0
+    weights = np.zeros((n, hi - lo))
+    for k in range(n):
+        center = origin - lo + scale * (k + 0.5)
+        first, last = max(int(center - support + 0.5), 0), min(int(center + support + 0.5), hi - lo)
+        for j in range(first, last):
+            weights[k, j] = max(0.0, 1.0 - abs((j - center + 0.5) * inv))
+        weights[k] /= weights[k].sum()
+    return weights
+
+
+def resize_cases(rng):
+    """Crops of odd-sized images resized down and up, flipped or not, and a
+    center crop larger than its image (zero padding), against float64."""
+    cases = []
+    for k in range(6):
+        src_h, src_w = int(rng.integers(9, 70)), int(rng.integers(9, 70))
+        pitch = src_w * 3 + int(rng.integers(0, 5))
+        src = rng.integers(0, 256, size=(src_h, pitch), dtype=np.uint8)
+        if k < 5:
+            h, w = int(rng.integers(1, src_h + 1)), int(rng.integers(1, src_w + 1))
+            top, left = int(rng.integers(0, src_h - h + 1)), int(rng.integers(0, src_w - w + 1))
+            out = (int(rng.integers(3, 40)), int(rng.integers(3, 40)))
+            placed = (0, 0) + out
+            ry, rx = (top, h / out[0], top, top + h), (left, w / out[1], left, left + w)
+        else:  # a center crop of the image at its size, larger than it: padded
+            out = (src_h + 5, src_w + 2)
+            placed = (2, 1, src_h, src_w)
+            ry, rx = (0.0, 1.0, 0, src_h), (0.0, 1.0, 0, src_w)
+        flip = k % 2
+        c = Case("resize %dx%d -> %dx%d flip=%d" % (src_h, src_w, out[0], out[1], flip), "resize")
+        c.ptr("src", src)
+        c.ints("src_h", src_h)
+        c.ints("src_w", src_w)
+        c.ints("src_pitch", pitch)
+        c.ptr("dst", poison(out + (3,), "uint8"), written=True)
+        c.ints("out", *out)
+        c.ints("placed", *placed)
+        c.ints("flip", flip)
+        c.floats("ry", ry[0], ry[1])
+        c.ints("ry_span", ry[2], ry[3])
+        c.floats("rx", rx[0], rx[1])
+        c.ints("rx_span", rx[2], rx[3])
+        c.twin = "units"
+        image = src[:, :src_w * 3].reshape(src_h, src_w, 3).astype(np.float64)
+        wy = resize_axis64(*ry, placed[2])
+        wx = resize_axis64(*rx, placed[3])
+        part = np.einsum("yi,ijc,xj->yxc", wy, image[ry[2]:ry[3], rx[2]:rx[3]], wx)
+        ref = np.zeros(out + (3,))
+        ref[placed[0]:placed[0] + placed[2], placed[1]:placed[1] + placed[3]] = part[:, ::-1] if flip else part
+
+        def check(result, ref=ref):
+            got = result["dst"].astype(np.float64)
+            # the GPU sums in one pass (<= 1 unit off); the CPU rounds
+            # between its two passes too (<= 2)
+            assert np.abs(got - ref).max() <= 2, np.abs(got - ref).max()
+            assert np.abs(got - ref).mean() < 0.5
         c.check = check
         cases.append(c)
     return cases
@@ -991,6 +1090,7 @@ FAMILIES = {
     "conv": conv_cases,
     "normalize": normalize_cases,
     "logger": logger_cases,
+    "resize": resize_cases,
 }
 
 
@@ -1022,12 +1122,15 @@ def outcome(case, d):
             if case.twin == "bits":
                 assert out[name].tobytes() == twin[name].tobytes(), "%s: %s differs from the CPU twin" % (
                     case.name, name)
+            elif case.twin == "units":  # integers from float sums in another order: a few units
+                diff = np.abs(out[name].astype(np.int64) - twin[name].astype(np.int64))
+                assert diff.max() <= 3, "%s: %s differs from the CPU twin by %d" % (case.name, name, diff.max())
             elif case.twin == "close":  # sums in another order: within a few roundings of the largest
                 dtype = dtype_name(out[name].dtype)
                 scale = np.nanmax(np.abs(f64(twin[name])), initial=0.0)
                 assert_within(out[name], f64(twin[name]), 4 * rounding_bound(scale, dtype),
                               "%s: %s vs the CPU twin" % (case.name, name))
-        if case.twin == "close":
+        if case.twin in ("close", "units"):
             case.check(twin)
     case.check(out)
     return out

@@ -7,8 +7,8 @@ and, through the GA_TRIP() marks in kernels/cuda, the loop iterations each
 thread makes — while it runs only the first and last block of each grid
 (enough for the shape, at sizes that would take far too long on the CPU in
 full).  This file drives every gpuaccel kernel the benchmarks can reach
-(benchmarks/*.py: ResNet-50's convolutions, an MLP's linear layers, the
-loader's batches, the logger) through tests/cudacpu/driver.cpp at those
+(benchmarks/*.py: ResNet-50's convolutions, an MLP's linear layers, every
+activation, the loader's batches and images, the logger) through tests/cudacpu/driver.cpp at those
 sizes, and asserts that each launch has at least two blocks per SM of an H100
 or bounds its threads' serial work.  A second test checks that every loop of
 kernels/cuda whose trip count can grow with a problem carries the mark.
@@ -203,8 +203,59 @@ def linear_cases():
     return cases
 
 
+def activation_cases():
+    """Every activation through the kernels that run it outside cuBLASLt's
+    and cuDNN's fused epilogues, at the benchmarks' largest shapes of each
+    kind (bench_activations.py runs them all): the split route's
+    y = act(z) after the library's GEMM + bias (linears) or conv + bias
+    graph (convs: hardswish, which cuDNN has no mode for), and the backward
+    pass's dz with the bias gradient."""
+    cases = []
+    tokens, _, fout, _ = benchmark_constant("bench_matmul.py", "LINEAR_SHAPES")[0]
+    n, _, k, hw, _ = benchmark_constant("bench_conv.py", "RESNET50_SHAPES")[0]
+    acts = [a for a in ACT if a != "none"]
+    for act in acts:
+        for kind, shape, order in (("linear %dx%d" % (tokens, fout), (tokens, fout), None),
+                                   ("conv %dx%dx%dx%d nhwc" % (n, k, hw, hw), (n, k, hw, hw), NHWC)):
+            case = ShapeCase("split activation %s %s" % (act, kind), "bias_act")
+            case.tensor("x", "bfloat16", shape, order)  # the pre-activation the library wrote
+            case.tensor("y", "bfloat16", shape, order)
+            case.lines.append("tensor preact - 0 bfloat16 0")
+            case.dtype("bias_dtype", "bfloat16")
+            case.ints("channel_dim", 1)
+            case.ints("activation", ACT[act])
+            cases.append(case)
+            case = ShapeCase("dz and bias gradient %s %s" % (act, kind), "act_backward")
+            case.tensor("grad_y", "bfloat16", shape, order)
+            case.tensor("aux", "bfloat16", shape, order)
+            case.tensor("dz", "bfloat16", shape, order)
+            case.ints("activation", ACT[act])
+            case.ptr("bias_grad", 4 * shape[1])
+            case.dtype("bias_grad_dtype", "float32")
+            case.ints("channel_dim", 1)
+            case.ints("split", 1)
+            cases.append(case)
+    return cases
+
+
 def loader_and_logger_cases():
     cases = []
+    # decode="gpu": nvJPEG's image, then one resize launch per image (a
+    # 500 x 375 photo, RandomResizedCrop's full-image crop, to 224 x 224)
+    case = ShapeCase("resize 500x375 -> 224x224", "resize")
+    case.ptr("src", 500 * 375 * 3)
+    case.ints("src_h", 375)
+    case.ints("src_w", 500)
+    case.ints("src_pitch", 500 * 3)
+    case.ptr("dst", 224 * 224 * 3)
+    case.ints("out", 224, 224)
+    case.ints("placed", 0, 0, 224, 224)
+    case.ints("flip", 1)
+    case.floats("ry", 0.0, 375 / 224)
+    case.ints("ry_span", 0, 375)
+    case.floats("rx", 0.0, 500 / 224)
+    case.ints("rx_span", 0, 500)
+    cases.append(case)
     for side, _, batch, _ in benchmark_constant("bench_loader.py", "LOADER_CASES"):
         for nchw in (1, 0):
             case = ShapeCase("normalize %d x %dx%dx3 %s" % (batch, side, side, "nchw" if nchw else "nhwc"),
@@ -272,7 +323,7 @@ def run_shapes(cases, directory):
 
 @pytest.fixture(scope="module")
 def launches(tmp_path_factory):
-    cases = conv_cases() + linear_cases() + loader_and_logger_cases()
+    cases = conv_cases() + linear_cases() + activation_cases() + loader_and_logger_cases()
     return run_shapes(cases, str(tmp_path_factory.mktemp("shapes")))
 
 
@@ -290,10 +341,17 @@ def test_every_launch_fills_an_h100_or_bounds_its_serial_work(launches):
     assert not slow, "\n".join(slow)
     # every kernel the benchmarks can reach was seen (a new kernel joins a case here)
     expected = {"bias_act_dense_kernel", "copy_same_kernel", "conv_fwd_direct", "conv_bwd_data_direct",
-                "conv_bwd_filter_direct", "gemm_generic_kernel", "normalize_kernel", "logger_update_kernel",
-                "logger_reset_kernel"}
+                "conv_bwd_filter_direct", "gemm_generic_kernel", "normalize_kernel", "resize_kernel",
+                "logger_update_kernel", "logger_reset_kernel"}
     assert expected <= seen, sorted(expected - seen)
     assert {"bgrad_tile_kernel", "bgrad_block_kernel", "bgrad_finish_kernel"} <= seen, sorted(seen)
+    # every activation's cases ran (the split route's y = act(z) is the
+    # dense kernel: the library's output and z are alike)
+    for act in ACT:
+        if act != "none":
+            assert any(name.startswith("split activation %s " % act) for name in launches), act
+            assert all(kernel == "bias_act_dense_kernel" for name, calls in launches.items()
+                       if name.startswith("split activation") for kernel, *_ in calls)
 
 
 def test_the_trip_counts_are_the_loops_own(launches):

@@ -164,6 +164,14 @@ bool has_epilogue(const Problem &p)
     return p.op == GA_CONV_FWD && (p.has_bias || p.act != GA_ACT_NONE);
 }
 
+/* Whether the epilogue can be one graph with the convolution: cuDNN has a
+ * pointwise mode for its activation (it has none for hardswish). */
+bool fusable(const Problem &p)
+{
+    cudnnPointwiseMode_t mode;
+    return has_epilogue(p) && (p.act == GA_ACT_NONE || activation_mode(p.act, &mode));
+}
+
 /* Whether the split route applies: a bias for the graph and an
  * activation for the kernel after it. */
 bool can_split(const Problem &p)
@@ -731,8 +739,7 @@ ga_status tune(cudnnHandle_t handle, cudaStream_t s, const Problem &p, const cha
      * (runtime fusion is not everywhere); what else went wrong on the way
      * is reported as itself. */
     bool fused_refused = has_pref && (pref_route == ROUTE_UNFUSED || pref_route == ROUTE_SPLIT);
-    cudnnPointwiseMode_t mode;
-    if (fused && p.act != GA_ACT_NONE && !activation_mode(p.act, &mode)) {
+    if (fused && !fusable(p)) {
         /* a documented limit, not a refusal: counted, never warned about */
         char text[160];
         snprintf(text, sizeof text,

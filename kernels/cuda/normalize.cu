@@ -46,7 +46,8 @@ struct Pixel {
     }
     __device__ __forceinline__ int64_t source(const ga_normalize_desc &d) const
     {
-        return (image * d.h * d.w + pixel) * d.c + ch;
+        int64_t hw = d.h * d.w;
+        return d.src_chw ? (image * d.c + ch) * hw + pixel : (image * hw + pixel) * d.c + ch;
     }
     /* the next element in the output's order */
     __device__ __forceinline__ void step(const ga_normalize_desc &d)
@@ -61,7 +62,12 @@ struct Pixel {
             }
         } else if (++ch == d.c) {
             ch = 0;
-            pixel++; /* past the image's last pixel it is the next image's first */
+            /* a channels-first source's next image is not its last pixel's
+             * neighbour: the image is stepped too */
+            if (++pixel == d.h * d.w) {
+                pixel = 0;
+                image++;
+            }
         }
     }
 };

@@ -467,10 +467,10 @@ std::string probe_conv(const ProbeCase &c)
     Problem p;
     init_problem(&p, op, &g, &x, &w, &y, bias, act, has_preact ? &preact : nullptr, ws, ws_size);
     o.boolean("eligible", p.eligible).boolean("nhwc", p.nhwc);
-    o.boolean("has_epilogue", has_epilogue(p));
+    o.boolean("has_epilogue", has_epilogue(p)).boolean("fusable", fusable(p));
     std::vector<std::string> graphs;
     graphs.push_back(graph_json(p, GRAPH_CONV));
-    if (has_epilogue(p))
+    if (fusable(p))
         graphs.push_back(graph_json(p, GRAPH_FUSED));
     if (can_split(p))
         graphs.push_back(graph_json(p, GRAPH_BIAS));
