@@ -10,6 +10,16 @@
  * different stream in each thread — thread (see home_stream).  A pinned
  * block goes back to the pool with its events and is handed out again only
  * once they have completed.
+ *
+ * CUDA graph capture: while a stream is captured, work queued on it is
+ * recorded, not run, so none of the above happens there (no events are
+ * recorded or waited on across the capture's boundary, which CUDA
+ * refuses); memory allocated on a captured stream is the graph's
+ * (cudaMallocAsync there is an allocation node) and is freed in the graph
+ * when it goes before the capture ends; other memory freed on a captured
+ * stream waits for the capture to end.  The allocator's own event queries
+ * and pinned allocations run in relaxed capture mode, so that they never
+ * invalidate a capture.
  */
 #include "alloc.h"
 #include "stream.h"
@@ -22,6 +32,13 @@
 
 #define GA_HOST_ALIGNMENT 64
 #define GA_SIZE_CLASSES 256
+/* What gpuaccel's device pool keeps reserved through a synchronization
+ * (of a stream, an event or the device): freed memory above it goes back to
+ * the device, where torch's caching allocator (or any other) can have it;
+ * below it, a freed block is handed out again without a driver call.  It
+ * holds the library workspaces (workspace.c) and a few hundred MiB of
+ * temporaries. */
+#define GA_POOL_RELEASE_THRESHOLD ((uint64_t)512 << 20)
 /* Pageable blocks this large are cached when freed (smaller ones malloc
  * recycles well by itself); idle cached bytes stay under host_cache_limit. */
 #define GA_HOST_CACHE_MIN_BYTES ((size_t)64 << 10)
@@ -50,6 +67,11 @@ static ga_counters device_counters[GA_MAX_DEVICES];
 static int device_pool_used[GA_MAX_DEVICES];
 static pinned_entry *pinned_free[GA_SIZE_CLASSES];
 static uint64_t pinned_cached_bytes;
+static uint64_t workspace_bytes[GA_MAX_DEVICES];
+/* Device blocks freed while their stream was captured, freed once it is
+ * not (see ga_block_free) */
+static ga_block **deferred_frees;
+static int n_deferred_frees, deferred_frees_capacity;
 
 /* A cached pageable block keeps its free-list link in its own first bytes:
  * caching never allocates, so it cannot fail. */
@@ -237,20 +259,41 @@ static int size_class(size_t size, size_t *capacity)
     return (k - 9) * 4 + (int)q;
 }
 
-/* 1 when every event of the entry has completed (and recycles them). */
+/* The calling thread's stream-capture mode set to relaxed (the previous
+ * one in *previous) around the allocator's own queries and pinned
+ * allocations: in the default (global) mode they would fail during any
+ * capture and invalidate it.  0 when it could not be set. */
+static int relax_capture_mode(int *previous)
+{
+    *previous = GA_CAPTURE_RELAXED;
+    return !ga_cuda_exchange_capture_mode(previous).error;
+}
+
+static void restore_capture_mode(int relaxed, int previous)
+{
+    if (relaxed)
+        ga_cuda_exchange_capture_mode(&previous);
+}
+
+/* 1 when every event of the entry has completed (and recycles them).  A
+ * query that fails is not completion: the copy may still be reading the
+ * buffer (and a broken context makes new pinned memory no worse). */
 static int pinned_entry_ready(pinned_entry *e)
 {
+    int previous, relaxed = relax_capture_mode(&previous);
+    int ready = 1;
     while (e->n_events > 0) {
         int done = 0;
         int k = e->n_events - 1;
-        if (ga_cuda_event_query(e->devices[k], e->events[k], &done).error)
-            done = 1; /* a broken context cannot be waited on anyway */
-        if (!done)
-            return 0;
+        if (ga_cuda_event_query(e->devices[k], e->events[k], &done).error || !done) {
+            ready = 0;
+            break;
+        }
         event_put(e->devices[k], e->events[k]);
         e->n_events--;
     }
-    return 1;
+    restore_capture_mode(relaxed, previous);
+    return ready;
 }
 
 static void *pinned_take_cached(int cls)
@@ -428,9 +471,11 @@ static ga_status alloc_pinned(ga_block *b, size_t size)
             if (status.error)
                 return status;
         } else {
+            int previous, relaxed = relax_capture_mode(&previous);
             ga_status status = ga_cuda_host_alloc(capacity, &ptr);
             if (status.error == GA_ERR_OUT_OF_MEMORY && pinned_release_ready() > 0)
                 status = ga_cuda_host_alloc(capacity, &ptr);
+            restore_capture_mode(relaxed, previous);
             if (status.error) {
                 pinned_counters.num_ooms += status.error == GA_ERR_OUT_OF_MEMORY;
                 return status;
@@ -472,17 +517,25 @@ static ga_status alloc_device(ga_block *b, int device, size_t size, ga_stream st
     if (c->limit && c->allocated + size > c->limit)
         return limit_status(c, where, c->allocated, size, GA_ERR_OUT_OF_MEMORY);
     void *ptr = NULL;
-    ga_status status = ga_cuda_malloc_async(device, size, stream, &ptr);
-    if (status.error == GA_ERR_OUT_OF_MEMORY) {
+    int capturing = 0;
+    ga_status status = device_pool_used[device]
+                           ? ga_ok()
+                           : ga_cuda_pool_set_release_threshold(device, GA_POOL_RELEASE_THRESHOLD);
+    if (!status.error)
+        status = ga_cuda_stream_capturing(stream, &capturing);
+    if (!status.error)
+        status = ga_cuda_malloc_async(device, size, stream, &ptr);
+    if (status.error == GA_ERR_OUT_OF_MEMORY && !capturing) {
         /* memory cached for other streams may be released to the device */
         ga_cuda_pool_trim(device);
         status = ga_cuda_malloc_async(device, size, stream, &ptr);
-        if (status.error == GA_ERR_OUT_OF_MEMORY)
-            return device_oom_status(device, size, status);
     }
+    if (status.error == GA_ERR_OUT_OF_MEMORY)
+        return device_oom_status(device, size, status);
     if (status.error)
         return status;
     device_pool_used[device] = 1;
+    b->graph = capturing;
     b->ptr = ptr;
     b->capacity = size;
     b->stream = stream;
@@ -577,10 +630,23 @@ static ga_status wait_until_valid(ga_block *b, int device, ga_stream stream)
     return ga_cuda_stream_wait_stream(device, stream, b->device, home_stream(b));
 }
 
+/* 1 when work queued on `stream` is captured into a graph (then no event
+ * may cross the capture's boundary); also 1, with the error in *status,
+ * when that cannot be told. */
+static int captured(ga_stream stream, ga_status *status)
+{
+    int capturing = 0;
+    *status = ga_cuda_stream_capturing(stream, &capturing);
+    return capturing || status->error;
+}
+
 int ga_block_prepare_use(ga_state *st, ga_block *b, int device, ga_stream stream)
 {
     if (!b || b->kind != GA_MEM_DEVICE || !b->ptr || on_home_stream(b, device, stream))
         return 0;
+    ga_status capture_status;
+    if (captured(stream, &capture_status))
+        return capture_status.error ? ga_raise(st, capture_status) : 0;
     alloc_lock_acquire();
     int known = find_use(b, device, stream) >= 0;
     ga_status status = known ? ga_ok() : wait_until_valid(b, device, stream);
@@ -597,6 +663,8 @@ ga_status ga_block_record_use_status(ga_block *b, int device, ga_stream stream)
     if (device < 0 || device >= GA_MAX_DEVICES)
         return ga_ok();
     ga_status status = ga_ok();
+    if (captured(stream, &status))
+        return status;
     alloc_lock_acquire();
     int k = find_use(b, device, stream);
     if (k < 0) {
@@ -672,7 +740,7 @@ ga_status ga_block_host_wait(ga_block *b)
 ga_status ga_block_wait_all(ga_block *b, int device, ga_stream stream)
 {
     ga_status status = ga_ok();
-    if (!b || b->kind != GA_MEM_DEVICE || !b->ptr)
+    if (!b || b->kind != GA_MEM_DEVICE || !b->ptr || captured(stream, &status))
         return status;
     alloc_lock_acquire();
     status = wait_until_valid(b, device, stream);
@@ -696,12 +764,77 @@ static void report_unraisable(ga_status status)
     }
 }
 
+/* Frees a device block on its allocation stream after that stream has
+ * waited for the recorded uses (none inside a capture: see captured);
+ * the caller frees the record.  Called with alloc_lock held. */
+static ga_status free_device_block(ga_block *b, ga_stream home, int capturing)
+{
+    ga_status status = ga_ok();
+    if (b->ready) {
+        event_put(b->device, b->ready);
+        b->ready = NULL;
+    }
+    for (int k = 0; k < b->n_uses; k++) {
+        if (!status.error && !capturing)
+            status = ga_cuda_stream_wait_event(b->device, home, b->use_events[k]);
+        event_put(b->use_devices[k], b->use_events[k]);
+    }
+    b->n_uses = 0;
+    if (b->borrowed) /* the owner frees it, after what home now waits for */
+        return status;
+    if (!status.error)
+        status = ga_cuda_free_async(b->device, b->ptr, home);
+    count_free(&device_counters[b->device], b->capacity);
+    return status;
+}
+
+/* Frees the deferred device blocks whose stream is no longer captured.
+ * Called with alloc_lock held; the first error is returned. */
+static ga_status free_deferred(void)
+{
+    ga_status first = ga_ok();
+    for (int k = 0; k < n_deferred_frees;) {
+        ga_block *b = deferred_frees[k];
+        ga_stream home = home_stream(b);
+        ga_status status;
+        if (captured(home, &status) && !status.error) {
+            k++;
+            continue;
+        }
+        deferred_frees[k] = deferred_frees[--n_deferred_frees];
+        if (!status.error)
+            status = free_device_block(b, home, 0);
+        if (status.error && !first.error)
+            first = status;
+        free(b);
+    }
+    return first;
+}
+
+/* Keeps a device block to free once its stream's capture is over (0), or
+ * -1 when there is no room to keep it. */
+static int defer_free(ga_block *b)
+{
+    if (n_deferred_frees == deferred_frees_capacity) {
+        int capacity = deferred_frees_capacity ? 2 * deferred_frees_capacity : 16;
+        ga_block **grown = realloc(deferred_frees, (size_t)capacity * sizeof *grown);
+        if (!grown)
+            return -1;
+        deferred_frees = grown;
+        deferred_frees_capacity = capacity;
+    }
+    deferred_frees[n_deferred_frees++] = b;
+    return 0;
+}
+
 ga_status ga_block_free_status(ga_block *b)
 {
     if (!b)
         return ga_ok();
     ga_status status = ga_ok();
     alloc_lock_acquire();
+    if (n_deferred_frees)
+        status = free_deferred();
     switch (b->kind) {
     case GA_MEM_HOST:
         host_put(b->ptr, b->size, b->capacity);
@@ -731,24 +864,27 @@ ga_status ga_block_free_status(ga_block *b)
         }
         count_free(&pinned_counters, b->capacity);
         break;
-    case GA_MEM_DEVICE:
-        if (b->ready) {
-            event_put(b->device, b->ready);
-            b->ready = NULL;
-        }
+    case GA_MEM_DEVICE: {
         ga_stream home = home_stream(b);
-        for (int k = 0; k < b->n_uses; k++) {
+        ga_status capture_status;
+        int capturing = b->ptr && captured(home, &capture_status);
+        if (capturing && capture_status.error) {
             if (!status.error)
-                status = ga_cuda_stream_wait_event(b->device, home, b->use_events[k]);
-            event_put(b->use_devices[k], b->use_events[k]);
+                status = capture_status;
+            capturing = 0; /* cannot tell: free it as before any capture */
         }
-        b->n_uses = 0;
-        if (b->borrowed) /* the owner frees it, after what home now waits for */
-            break;
-        if (!status.error)
-            status = ga_cuda_free_async(b->device, b->ptr, home);
-        count_free(&device_counters[b->device], b->capacity);
+        if (capturing && !b->graph && defer_free(b) == 0) {
+            pthread_mutex_unlock(&alloc_lock);
+            return status; /* freed by a later call, once the capture is over */
+        }
+        /* a free node for the graph's own memory (its uses are inside the
+         * capture, unrecorded); or, out of room to defer, a free now that
+         * CUDA refuses, reported below */
+        ga_status freed = free_device_block(b, home, capturing);
+        if (freed.error && !status.error)
+            status = freed;
         break;
+    }
     }
     for (int k = 0; k < b->n_uses; k++)
         event_put(b->use_devices[k], b->use_events[k]);
@@ -830,6 +966,7 @@ PyObject *ga_py_memory_stats(PyObject *module, PyObject *args, PyObject *kwargs)
     }
     ga_counters c = device_counters[device.index];
     int pool_used = device_pool_used[device.index];
+    uint64_t workspace = workspace_bytes[device.index];
     pthread_mutex_unlock(&alloc_lock);
     uint64_t reserved = 0, reserved_peak = 0, free_b = 0, total_b = 0;
     if (pool_used && ga_cuda_pool_reserved(device.index, &reserved, &reserved_peak).error)
@@ -840,18 +977,39 @@ PyObject *ga_py_memory_stats(PyObject *module, PyObject *args, PyObject *kwargs)
     char where[32];
     snprintf(where, sizeof where, "cuda:%d", device.index);
     return Py_BuildValue(
-        "{s:s,s:K,s:K,s:K,s:K,s:N,s:K,s:K,s:K,s:K,s:K}", "device", where, "allocated_bytes",
+        "{s:s,s:K,s:K,s:K,s:K,s:N,s:K,s:K,s:K,s:K,s:K,s:K}", "device", where, "allocated_bytes",
         (unsigned long long)c.allocated, "peak_allocated_bytes", (unsigned long long)c.peak,
         "reserved_bytes", (unsigned long long)reserved, "peak_reserved_bytes",
         (unsigned long long)reserved_peak, "limit_bytes", limit_or_none(c.limit), "num_allocs",
         (unsigned long long)c.num_allocs, "num_frees", (unsigned long long)c.num_frees, "num_ooms",
-        (unsigned long long)c.num_ooms, "device_free_bytes", (unsigned long long)free_b,
-        "device_total_bytes", (unsigned long long)total_b);
+        (unsigned long long)c.num_ooms, "workspace_bytes", (unsigned long long)workspace,
+        "device_free_bytes", (unsigned long long)free_b, "device_total_bytes",
+        (unsigned long long)total_b);
+}
+
+ga_status ga_block_free_deferred(void)
+{
+    alloc_lock_acquire();
+    ga_status status = n_deferred_frees ? free_deferred() : ga_ok();
+    pthread_mutex_unlock(&alloc_lock);
+    return status;
+}
+
+void ga_alloc_count_workspace(int device, int64_t delta)
+{
+    if (device < 0 || device >= GA_MAX_DEVICES)
+        return;
+    alloc_lock_acquire();
+    workspace_bytes[device] += (uint64_t)delta;
+    pthread_mutex_unlock(&alloc_lock);
 }
 
 PyObject *ga_py_empty_cache(PyObject *module, PyObject *unused)
 {
-    (void)module, (void)unused;
+    (void)unused;
+    ga_status status = ga_block_free_deferred();
+    if (status.error)
+        return ga_raise(ga_state_from_module(module), status), NULL;
     alloc_lock_acquire();
     pinned_release_ready();
     host_release_cached();

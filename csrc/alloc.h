@@ -46,6 +46,9 @@ typedef struct {
     ga_event ready;
     /* DEVICE memory another library owns (see ga_block_borrow) */
     int borrowed;
+    /* DEVICE: allocated while its stream was captured into a CUDA graph:
+     * the graph's allocation node, owned by the graph (see ga_block_free) */
+    int graph;
 } ga_block;
 
 /* The stream bookkeeping of gpuaccel's device blocks for memory another
@@ -72,17 +75,25 @@ ga_block *ga_block_alloc(ga_state *st, ga_mem_kind kind, int device, size_t size
 
 /* Before queuing work that uses the block on `stream`: the first time a
  * stream other than the allocation stream uses it, that stream waits (on
- * the GPU) for the allocation stream, where the memory became valid. */
+ * the GPU) for the allocation stream, where the memory became valid.
+ * Nothing while `stream` is captured into a CUDA graph: a captured wait on
+ * an event recorded outside the capture is an error that invalidates it,
+ * and the graph runs later anyway (its inputs must be ready and alive at
+ * each replay, as in torch). */
 int ga_block_prepare_use(ga_state *st, ga_block *block, int device, ga_stream stream);
 
 /* Records that work just queued on `stream` (of CUDA device `device`) uses
  * the block, so that freeing or reusing it waits for that work.  Returns -1
- * with an exception set on a CUDA error. */
+ * with an exception set on a CUDA error.  Nothing while `stream` is
+ * captured: an event recorded in a capture cannot be waited on or queried
+ * outside it; a graph's replays read and write the memory later, when the
+ * caller must keep it alive. */
 int ga_block_record_use(ga_state *st, ga_block *block, int device, ga_stream stream);
 
 /* Makes `stream` (of CUDA device `device`) wait, on the GPU, for all work
  * known to use the block: its allocation stream and every recorded use.
- * Used when memory is handed to a consumer that will read it on `stream`. */
+ * Used when memory is handed to a consumer that will read it on `stream`.
+ * Nothing while `stream` is captured (see ga_block_prepare_use). */
 ga_status ga_block_wait_all(ga_block *block, int device, ga_stream stream);
 
 /* Before the host writes a pinned block (or hands it to a host consumer
@@ -103,12 +114,23 @@ ga_status ga_block_record_use_status(ga_block *block, int device, ga_stream stre
 uint64_t ga_thread_token(void);
 
 /* Releases the block; never raises (a CUDA error is reported as
- * unraisable).  Needs the GIL. */
+ * unraisable).  Needs the GIL.  A device block whose allocation stream is
+ * being captured: a block the capture allocated is freed by a free node of
+ * the graph; any other is freed once the capture is over (a free node may
+ * only free a graph's allocation). */
 void ga_block_free(ga_block *block);
 
 /* The same without Python (for threads that do not hold the GIL): returns
  * the status of a failed CUDA call instead of reporting it. */
 ga_status ga_block_free_status(ga_block *block);
+
+/* Frees the device blocks freed while their stream was captured whose
+ * capture is over (ga_block_free does at each free); the first error. */
+ga_status ga_block_free_deferred(void);
+
+/* Device memory kept as library workspaces (workspace.c), reported by
+ * memory_stats(): `delta` bytes more (or fewer) on `device`. */
+void ga_alloc_count_workspace(int device, int64_t delta);
 
 /* Module-level functions. */
 PyObject *ga_py_memory_stats(PyObject *module, PyObject *args, PyObject *kwargs);

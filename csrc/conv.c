@@ -216,14 +216,15 @@ typedef ga_status (*cuda_conv_fn)(void *ctx, void *ws, size_t ws_size, ga_stream
  * choice (read only when this process has none for the key), then the
  * search or this thread's plan — without the GIL, since a search
  * finalizes (and may compile) and times plans for up to seconds.  Other
- * threads may use the stream's workspace meanwhile (and grow it, freeing
+ * threads may use the device's workspace meanwhile (and grow it, freeing
  * the old one), so the search gets one of its own of the same size, freed
- * in the stream's order after it; short of memory for it, or inside a
- * capture (which the backend refuses to tune in, before using any), the
- * stream's workspace is used, holding the GIL. */
-static int setup_cuda_conv(ga_state *st, int device, ga_stream s, void *ws, size_t ws_size,
-                           cuda_conv_fn fn, void *ctx, ga_conv_tuning *tuning, ga_status *status,
-                           int *from_file)
+ * in the stream's order after it, and `ws` is given back first (its last
+ * use must be the one recorded for the other threads' calls, not a stale
+ * one recorded after theirs); short of memory for it, or inside a capture
+ * (which the backend refuses to tune in, before using any), `ws` is used,
+ * holding the GIL. */
+static int setup_cuda_conv(ga_state *st, int device, ga_stream s, ga_workspace *ws, cuda_conv_fn fn,
+                           void *ctx, ga_conv_tuning *tuning, ga_status *status, int *from_file)
 {
     PyObject *preferred = NULL;
     tuning->may_tune = 1;
@@ -235,9 +236,10 @@ static int setup_cuda_conv(ga_state *st, int device, ga_stream s, void *ws, size
         if (!tuning->preferred)
             PyErr_Clear(); /* a stored name that is not text: no preference */
     }
+    size_t ws_size = ws->ptr ? ws->size : 0;
     int capturing = 0;
     ga_block *own = NULL;
-    if (ws && !ga_cuda_stream_capturing(s, &capturing).error && !capturing) {
+    if (ws->ptr && !ga_cuda_stream_capturing(s, &capturing).error && !capturing) {
         if (!(own = ga_block_alloc(st, GA_MEM_DEVICE, device, ws_size, s))) {
             if (!PyErr_ExceptionMatches(st->OutOfMemoryError)) {
                 Py_XDECREF(preferred);
@@ -246,13 +248,18 @@ static int setup_cuda_conv(ga_state *st, int device, ga_stream s, void *ws, size
             PyErr_Clear();
         }
     }
+    if (own && ga_workspace_put(st, ws) < 0) {
+        ga_block_free(own);
+        Py_XDECREF(preferred);
+        return -1;
+    }
     if (own) {
         Py_BEGIN_ALLOW_THREADS
         *status = fn(ctx, own->ptr, ws_size, s, tuning);
         Py_END_ALLOW_THREADS
         ga_block_free(own);
     } else {
-        *status = fn(ctx, ws, ws_size, s, tuning);
+        *status = fn(ctx, ws->ptr, ws_size, s, tuning);
     }
     /* `preferred` was only read by the call: its text may go now */
     *from_file = tuning->preferred != NULL;
@@ -271,20 +278,29 @@ static int run_cuda_conv(ga_state *st, const char *op, int device, ga_stream s, 
     ga_conv_tuning tuning;
     tuning.may_tune = 0;
     tuning.preferred = NULL;
-    size_t ws_size = conv_workspace_size();
-    void *ws = ga_workspace(st, device, s, ws_size);
-    if (!ws) {
+    ga_workspace ws;
+    if (ga_workspace_get(st, device, s, conv_workspace_size(), &ws) < 0) {
         /* short of memory for the workspace: engines that need none, or
          * the direct kernels, still run */
         if (!PyErr_ExceptionMatches(st->OutOfMemoryError))
             return -1;
         PyErr_Clear();
-        ws_size = 0;
+        ws.size = 0;
     }
-    ga_status status = fn(ctx, ws, ws_size, s, &tuning);
+    ga_status status = fn(ctx, ws.ptr, ws.size, s, &tuning);
+    int had_workspace = ws.ptr != NULL;
     int from_file = 0;
     if (!status.error && tuning.needs_setup &&
-        setup_cuda_conv(st, device, s, ws, ws_size, fn, ctx, &tuning, &status, &from_file) < 0)
+        setup_cuda_conv(st, device, s, &ws, fn, ctx, &tuning, &status, &from_file) < 0) {
+        /* the setup's exception is the one to report */
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        if (ga_workspace_put(st, &ws) < 0)
+            PyErr_Clear();
+        PyErr_Restore(type, value, tb);
+        return -1;
+    }
+    if (ga_workspace_put(st, &ws) < 0 && !status.error)
         return -1;
     if (status.error)
         return ga_raise(st, status);
@@ -292,7 +308,7 @@ static int run_cuda_conv(ga_state *st, const char *op, int device, ga_stream s, 
     ga_op_count(&conv_counts, op, 1, &tuning.report);
     /* a choice made without the workspace (short of memory) is not kept:
      * the file's key assumes the full budget */
-    if (tuning.report.tuned && tuning.chosen[0] && tuning.key[0] && ws) {
+    if (tuning.report.tuned && tuning.chosen[0] && tuning.key[0] && had_workspace) {
         PyObject *r = tuning_call("store", device, tuning.key, tuning.chosen);
         if (!r)
             return -1;
@@ -424,7 +440,7 @@ static PyObject *conv2d_entry(PyObject *module, PyObject *const *args, Py_ssize_
     result = ga_forward_result(&f);
 done:
     result = ga_op_settle_fallbacks(st, result);
-    ga_forward_end(&f);
+    result = ga_forward_end(st, &f, result);
     return result;
 }
 
@@ -620,7 +636,7 @@ static PyObject *conv2d_backward_entry(PyObject *module, PyObject *const *args, 
     result = ga_backward_result(&g);
 done:
     result = ga_op_settle_fallbacks(st, result);
-    ga_backward_end(&g);
+    result = ga_backward_end(st, &g, result);
     Py_XDECREF(gyv);
     Py_XDECREF(xv);
     Py_XDECREF(wv);

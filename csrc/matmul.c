@@ -41,11 +41,13 @@ static int run_gemm(ga_state *st, const ga_op *op, ga_matmul_desc *desc)
         Py_END_ALLOW_THREADS
     } else {
         int device = op->device.index;
-        size_t ws_size = ga_cuda_matmul_workspace_size(device);
-        void *ws = ga_workspace(st, device, op->stream, ws_size);
-        if (!ws && ws_size)
+        ga_workspace ws;
+        if (ga_workspace_get(st, device, op->stream, ga_cuda_matmul_workspace_size(device), &ws) <
+            0)
             return -1;
-        status = ga_cuda_matmul(device, desc, ws, ws_size, op->stream, &report);
+        status = ga_cuda_matmul(device, desc, ws.ptr, ws.size, op->stream, &report);
+        if (ga_workspace_put(st, &ws) < 0 && !status.error)
+            return -1;
     }
     if (status.error)
         return ga_raise(st, status);
@@ -360,7 +362,7 @@ static PyObject *matmul_entry(PyObject *module, PyObject *const *args, Py_ssize_
         goto done;
     result = Py_NewRef(d);
 done:
-    result = ga_op_settle_fallbacks(st, result);
+    result = ga_op_finish(st, &op, ga_op_settle_fallbacks(st, result));
     ga_op_end(&op);
     Py_XDECREF(av);
     Py_XDECREF(bv);
@@ -480,7 +482,7 @@ static PyObject *linear_entry(PyObject *module, PyObject *const *args, Py_ssize_
     result = ga_forward_result(&f);
 done:
     result = ga_op_settle_fallbacks(st, result);
-    ga_forward_end(&f);
+    result = ga_forward_end(st, &f, result);
     return result;
 }
 
@@ -636,7 +638,7 @@ static PyObject *linear_backward_entry(PyObject *module, PyObject *const *args, 
     result = ga_backward_result(&g);
 done:
     result = ga_op_settle_fallbacks(st, result);
-    ga_backward_end(&g);
+    result = ga_backward_end(st, &g, result);
     Py_XDECREF(dz);
     Py_XDECREF(gyv);
     Py_XDECREF(xv);

@@ -11,6 +11,7 @@
 #include "conv.h"
 #include "create.h"
 #include "event.h"
+#include "graph.h"
 #include "dlpack.h"
 #include "dtype.h"
 #include "loader.h"
@@ -120,6 +121,7 @@ static int module_exec(PyObject *module)
     if (!(st->DeviceType = add_type(module, &ga_device_spec)) ||
         !(st->StreamType = add_type(module, &ga_stream_spec)) ||
         !(st->EventType = add_type(module, &ga_event_spec)) ||
+        !(st->GraphType = add_type(module, &ga_graph_spec)) ||
         !(st->ArrayType = add_type(module, &ga_array_spec)) ||
         !(st->LoaderIterType = add_type(module, &ga_loader_iter_spec)) ||
         !(st->LoggerType = add_type(module, &ga_logger_spec)))
@@ -161,6 +163,7 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->DeviceType);
     Py_VISIT(st->StreamType);
     Py_VISIT(st->EventType);
+    Py_VISIT(st->GraphType);
     Py_VISIT(st->LoaderIterType);
     Py_VISIT(st->LoggerType);
     Py_VISIT(st->CudaError);
@@ -207,6 +210,7 @@ static int module_clear(PyObject *module)
     Py_CLEAR(st->DeviceType);
     Py_CLEAR(st->StreamType);
     Py_CLEAR(st->EventType);
+    Py_CLEAR(st->GraphType);
     Py_CLEAR(st->LoaderIterType);
     Py_CLEAR(st->LoggerType);
     Py_CLEAR(st->CudaError);

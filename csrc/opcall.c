@@ -17,13 +17,18 @@
 
 /* --------------------------------------------------------- the opening */
 
-/* An operand as an Array (a new reference), without copying. */
-static ArrayObject *load_operand(ga_state *st, PyObject *obj, const char *name)
+/* An operand as an Array (a new reference), without copying; a CUDA torch
+ * tensor is noted in op->torch_operands. */
+static ArrayObject *load_operand(ga_state *st, ga_op *op, PyObject *obj, const char *name)
 {
     if (ga_is_array(st, obj))
         return (ArrayObject *)Py_NewRef(obj);
-    if (ga_is_torch_tensor(st, obj))
-        return ga_from_torch(st, obj);
+    if (ga_is_torch_tensor(st, obj)) {
+        ArrayObject *a = ga_from_torch(st, obj);
+        if (a && a->device.type == GA_DEVICE_CUDA)
+            op->torch_operands = 1;
+        return a;
+    }
     /* arrays only: a list or a number is not silently turned into one */
     int has = PyArray_Check(obj) ? 1 : ga_has_attr(obj, st->str_dlpack);
     if (has == 0)
@@ -45,7 +50,7 @@ static int load_operands(ga_state *st, ga_op *op)
     for (int k = 0; k < op->noperands; k++) {
         const ga_operand *o = &op->operands[k];
         int absent = !o->value || ((o->flags & GA_OPERAND_OPTIONAL) && o->value == Py_None);
-        if (!absent && !(*o->array = load_operand(st, o->value, o->name)))
+        if (!absent && !(*o->array = load_operand(st, op, o->value, o->name)))
             return -1;
     }
     return 0;
@@ -135,6 +140,56 @@ static int torch_stream(ga_state *st, int device, ga_stream *out)
     return found < 0 ? -1 : 0;
 }
 
+/* An op on CUDA torch tensors that runs on another stream than torch's
+ * current one waits for torch's stream first (torch wrote its inputs
+ * there, and may still read an out= tensor's old contents there);
+ * ga_op_finish makes torch's stream wait for the op afterwards.  Not
+ * across a capture's boundary: a captured op stream cannot wait on work
+ * that runs eagerly (CUDA refuses, invalidating the capture), and a
+ * graph's replays are ordered by whoever launches them.  (An op stream
+ * that waits on a captured torch stream joins torch's capture, as a torch
+ * side stream would.) */
+static int order_after_torch(ga_state *st, ga_op *op)
+{
+    if (op->torch_ordered || !op->cuda_stream || !op->torch_operands)
+        return 0;
+    int device = op->device.index;
+    ga_stream theirs;
+    int found = ga_torch_current_stream(st, device, &theirs);
+    if (found <= 0)
+        return found; /* no torch CUDA: nothing of torch's runs on a stream */
+    if ((uintptr_t)theirs == (uintptr_t)op->stream ||
+        ((uintptr_t)theirs <= 1 && (uintptr_t)op->stream <= 1))
+        return 0;
+    int ours_captured = 0, theirs_captured = 0;
+    GA_CHECK(st, ga_cuda_stream_capturing(op->stream, &ours_captured));
+    GA_CHECK(st, ga_cuda_stream_capturing(theirs, &theirs_captured));
+    if (ours_captured && !theirs_captured)
+        return 0;
+    GA_CHECK(st, ga_cuda_stream_wait_stream(device, op->stream, device, theirs));
+    op->torch_stream = theirs;
+    op->torch_ordered = 1;
+    return 0;
+error:
+    return -1;
+}
+
+PyObject *ga_op_finish(ga_state *st, ga_op *op, PyObject *result)
+{
+    if (!op->torch_ordered)
+        return result;
+    op->torch_ordered = 0;
+    int device = op->device.index;
+    ga_status status = ga_cuda_stream_wait_stream(device, op->torch_stream, device, op->stream);
+    if (status.error) {
+        Py_XDECREF(result);
+        if (!PyErr_Occurred())
+            ga_raise(st, status);
+        return NULL;
+    }
+    return result;
+}
+
 /* The stream the op runs on, also as an object (None for a CPU op) for the
  * helpers that take one (ga_copy_into, ga_array_copy_to), so that their
  * copies queue on the very stream the op runs on. */
@@ -159,7 +214,9 @@ static int pick_stream(ga_state *st, ga_op *op, const ArrayObject *lead, PyObjec
         return -1;
     op->cuda_stream = &op->stream;
     op->stream_obj = PyLong_FromVoidPtr((void *)op->stream);
-    return op->stream_obj ? 0 : -1;
+    if (!op->stream_obj)
+        return -1;
+    return order_after_torch(st, op);
 }
 
 int ga_op_begin(ga_state *st, ga_op *op, const char *name, const ga_operand *operands, int n,
@@ -323,13 +380,15 @@ PyObject *ga_forward_result(const ga_forward *f)
     return PyTuple_Pack(2, (PyObject *)f->y, aux);
 }
 
-void ga_forward_end(ga_forward *f)
+PyObject *ga_forward_end(ga_state *st, ga_forward *f, PyObject *result)
 {
+    result = ga_op_finish(st, &f->op, result);
     ga_op_end(&f->op);
     Py_CLEAR(f->x_read);
     Py_CLEAR(f->weight_read);
     Py_CLEAR(f->y);
     Py_CLEAR(f->z);
+    return result;
 }
 
 int ga_backward_parse(ga_state *st, ga_backward *b, const char *name, PyObject *out,
@@ -368,12 +427,14 @@ PyObject *ga_backward_result(const ga_backward *b)
     return PyTuple_Pack(3, gx, gw, gb);
 }
 
-void ga_backward_end(ga_backward *b)
+PyObject *ga_backward_end(ga_state *st, ga_backward *b, PyObject *result)
 {
+    result = ga_op_finish(st, &b->op, result);
     ga_op_end(&b->op);
     Py_CLEAR(b->grad_x);
     Py_CLEAR(b->grad_weight);
     Py_CLEAR(b->grad_bias);
+    return result;
 }
 
 /* ------------------------------------------------ operands and results */
@@ -429,9 +490,13 @@ ArrayObject *ga_op_result(ga_state *st, const ga_op *op, PyObject *out_obj, ga_d
 {
     if (!out_obj || out_obj == Py_None)
         return ga_op_empty(st, op, dtype, ndim, shape);
-    ArrayObject *out = load_operand(st, out_obj, "out");
-    if (!out)
+    /* the op's torch bookkeeping changes as its results are loaded */
+    ga_op *mutable_op = (ga_op *)op;
+    ArrayObject *out = load_operand(st, mutable_op, out_obj, "out");
+    if (!out || order_after_torch(st, mutable_op) < 0) {
+        Py_XDECREF(out);
         return NULL;
+    }
     int ok = out->ndim == ndim && memcmp(out->shape, shape, (size_t)ndim * 8) == 0;
     if (!ok || out->dtype != dtype || !ga_device_equal(out->device, op->device) ||
         (out->flags & GA_ARRAY_READONLY) || !element_strides_ok(out)) {

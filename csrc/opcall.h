@@ -35,6 +35,11 @@ typedef struct {
     ga_stream stream;             /* CUDA: the stream it runs on */
     const ga_stream *cuda_stream; /* &stream for a CUDA op, NULL for a CPU op */
     PyObject *stream_obj;         /* the stream as an object for copies (None on the CPU) */
+    int torch_operands;           /* 1 once a CUDA torch tensor is among the operands */
+    /* when that is so and the op runs on another stream than torch's
+     * current one: torch's, which the op's waited for (see ga_op_finish) */
+    int torch_ordered;
+    ga_stream torch_stream;
 } ga_op;
 
 /* Loads an op's operands without copying (Arrays, torch tensors, anything
@@ -42,9 +47,20 @@ typedef struct {
  * one device and share the lead's floating dtype, and picks the stream:
  * `stream=` when given, else gpuaccel's current stream when one is set
  * (`with stream:`), else torch's current stream for torch tensors, else
- * the legacy default stream.  Call ga_op_end afterwards, on failure too. */
+ * the legacy default stream.  A CUDA op on CUDA torch tensors (operands or
+ * out=) that runs on another stream than torch's current one first waits
+ * for torch's stream (where torch wrote them).  Call ga_op_finish, then
+ * ga_op_end, afterwards, on failure too. */
 int ga_op_begin(ga_state *st, ga_op *op, const char *name, const ga_operand *operands, int n,
                 PyObject *stream_obj);
+/* The op's work is queued: when it ran on another stream than torch's
+ * current one with torch tensors, torch's stream now waits for it, so that
+ * torch's later work (and its caching allocator, which reuses a freed
+ * tensor's memory in its stream's order) comes after the op's reads and
+ * writes — what tensor.record_stream would otherwise be needed for.
+ * Returns `result`, or NULL with an exception (result released) when that
+ * wait failed. */
+PyObject *ga_op_finish(ga_state *st, ga_op *op, PyObject *result);
 /* Releases the operands (what their `array` pointers hold then) and the
  * stream object. */
 void ga_op_end(ga_op *op);
@@ -71,8 +87,8 @@ int ga_forward_begin(ga_state *st, ga_forward *f, PyObject *x, PyObject *weight,
  * for gelu, y itself for relu (relu'(z) is y > 0) and None without an
  * activation. */
 PyObject *ga_forward_result(const ga_forward *f);
-/* Releases the operands, the results and the op. */
-void ga_forward_end(ga_forward *f);
+/* ga_op_finish, then releases the operands, the results and the op. */
+PyObject *ga_forward_end(ga_state *st, ga_forward *f, PyObject *result);
 
 /* linear_backward or conv2d_backward: the same. */
 typedef struct {
@@ -95,8 +111,8 @@ int ga_backward_begin(ga_state *st, ga_backward *b, PyObject *grad_y, PyObject *
                       PyObject *aux, PyObject *stream_obj);
 /* (grad_x, grad_weight, grad_bias), None for those not asked for. */
 PyObject *ga_backward_result(const ga_backward *b);
-/* Releases the operands, the results and the op. */
-void ga_backward_end(ga_backward *b);
+/* ga_op_finish, then releases the operands, the results and the op. */
+PyObject *ga_backward_end(ga_state *st, ga_backward *b, PyObject *result);
 
 /* ---- profiling */
 /* An op's Python entry point (METH_FASTCALL | METH_KEYWORDS). */

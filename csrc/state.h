@@ -24,6 +24,7 @@ typedef struct {
     PyTypeObject *DeviceType;
     PyTypeObject *StreamType;
     PyTypeObject *EventType;
+    PyTypeObject *GraphType;
     PyTypeObject *LoaderIterType;
     PyTypeObject *LoggerType;
     PyObject *CudaError;

@@ -95,6 +95,19 @@ static int copy_host_to_device(ga_state *st, ArrayObject *dst, ArrayObject *src,
     if (!((src->flags & GA_ARRAY_PINNED) && src->dtype == dst->dtype && tensor_is_contiguous(&s))) {
         /* pageable, strided or another dtype: convert on the host straight
          * into a pinned buffer, so that the copy itself can be async */
+        int capturing = 0;
+        GA_CHECK(st, ga_cuda_stream_capturing(stream, &capturing));
+        if (capturing) {
+            /* the graph would copy from the staging buffer at each replay,
+             * long after the pool handed it to someone else */
+            PyErr_SetString(PyExc_RuntimeError,
+                            "a copy from host memory that is not a pinned, contiguous array of "
+                            "the destination's dtype cannot be captured into a CUDA graph (it is "
+                            "staged through a temporary pinned buffer, which a replay would read "
+                            "after it was reused); copy before capturing, or from a pinned array "
+                            "(gpuaccel.empty(..., pinned=True)) kept alive as the graph's input");
+            goto done;
+        }
         if (temp_alloc(st, &staging, GA_MEM_PINNED, -1, dst->dtype, d.ndim, d.shape, NULL) < 0 ||
             cpu_copy(st, &staging.t, &s) < 0)
             goto done;

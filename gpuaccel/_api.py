@@ -25,6 +25,7 @@ from ._C import (  # noqa: E402
     FallbackError,
     FallbackWarning,
     GeluChangedWarning,
+    Graph,
     OutOfMemoryError,
     Stream,
     asarray,
@@ -90,8 +91,8 @@ DTYPES = (bool_, uint8, int8, int16, int32, int64, float16, bfloat16, float32, f
 
 __all__ = [
     "Array", "CenterCrop", "Compose", "CublasError", "CudaError", "CudnnError", "DTYPES", "Device", "Event",
-    "FallbackError", "FallbackWarning", "GeluChangedWarning", "ImageFolder", "JPEG_EXTENSIONS", "MAX_NDIM",
-    "RandomHorizontalFlip", "RandomResizedCrop", "Resize", "decode_image",
+    "FallbackError", "FallbackWarning", "GeluChangedWarning", "Graph", "ImageFolder", "JPEG_EXTENSIONS",
+    "MAX_NDIM", "RandomHorizontalFlip", "RandomResizedCrop", "Resize", "decode_image",
     "ImageNormalize", "LossLogger", "NonFiniteError", "OutOfMemoryError", "PinnedLoader", "Stream", "asarray",
     "bfloat16", "bool_", "build_info", "built_with_cuda",
     "conv2d", "conv2d_backward", "conv_stats", "cuda_available", "current_stream", "default_device", "device_count",

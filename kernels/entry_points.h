@@ -58,6 +58,14 @@
       return GA_NO_CUDA)                                                                           \
     X(RUNTIME, ga_status, stream_capturing, (ga_stream stream, int *capturing),                    \
       *capturing = 0; return GA_NO_CUDA)                                                           \
+    X(RUNTIME, ga_status, stream_begin_capture, (int device, ga_stream stream, int mode),          \
+      return GA_NO_CUDA)                                                                           \
+    X(RUNTIME, ga_status, stream_end_capture, (int device, ga_stream stream, ga_graph *out),       \
+      *out = NULL; return GA_NO_CUDA)                                                              \
+    X(RUNTIME, ga_status, graph_launch, (int device, ga_graph graph, ga_stream stream),            \
+      return GA_NO_CUDA)                                                                           \
+    X(RUNTIME, ga_status, graph_destroy, (int device, ga_graph graph), return GA_NO_CUDA)          \
+    X(RUNTIME, ga_status, exchange_capture_mode, (int *mode), return GA_NO_CUDA)                   \
     X(RUNTIME, ga_status, event_create, (int device, int timing, ga_event *out),                   \
       *out = NULL; return GA_NO_CUDA)                                                              \
     X(RUNTIME, ga_status, event_destroy, (int device, ga_event event), return GA_NO_CUDA)          \

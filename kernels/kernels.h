@@ -259,6 +259,33 @@ ga_status ga_cuda_stream_wait_stream(int consumer_device, ga_stream consumer, in
 /* 1 when work queued on `stream` is being captured into a CUDA graph. */
 ga_status ga_cuda_stream_capturing(ga_stream stream, int *capturing);
 
+/* ---- CUDA graphs (stream capture) */
+
+typedef void *ga_graph; /* an instantiated CUDA graph, ready to launch */
+
+/* Stream-capture modes, as cudaStreamCaptureMode: which threads a capture
+ * forbids the calls that might synchronize with it (queries, synchronize,
+ * pinned allocations): every thread but the relaxed ones (GLOBAL), the
+ * capturing thread (THREAD_LOCAL), none (RELAXED). */
+enum { GA_CAPTURE_GLOBAL = 0, GA_CAPTURE_THREAD_LOCAL = 1, GA_CAPTURE_RELAXED = 2 };
+
+/* From now on, work queued on `stream` (a stream of `device`, not the
+ * legacy default stream) is recorded into a graph instead of run. */
+ga_status ga_cuda_stream_begin_capture(int device, ga_stream stream, int mode);
+/* Ends the capture begun on `stream` and instantiates its graph so that a
+ * launch first frees what the previous launch allocated and left unfreed
+ * (as torch's graphs are).  A capture that an illegal call invalidated
+ * fails here (cudaErrorStreamCaptureInvalidated), *out NULL. */
+ga_status ga_cuda_stream_end_capture(int device, ga_stream stream, ga_graph *out);
+/* Replays the graph on `stream`: its kernels rerun with the pointers they
+ * were captured with, after the work queued before on `stream` and after
+ * the graph's previous launch. */
+ga_status ga_cuda_graph_launch(int device, ga_graph graph, ga_stream stream);
+ga_status ga_cuda_graph_destroy(int device, ga_graph graph);
+/* Sets the calling thread's capture mode to *mode (GA_CAPTURE_*) and puts
+ * the previous one in *mode (cudaThreadExchangeStreamCaptureMode). */
+ga_status ga_cuda_exchange_capture_mode(int *mode);
+
 ga_status ga_cuda_event_create(int device, int timing, ga_event *out);
 ga_status ga_cuda_event_destroy(int device, ga_event event);
 ga_status ga_cuda_event_record(int device, ga_event event, ga_stream stream);

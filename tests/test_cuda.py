@@ -334,6 +334,29 @@ def test_device_pool_stats_limit_and_recovery():
     assert ga.memory_stats("cuda")["reserved_bytes"] <= s["reserved_bytes"]
 
 
+def test_the_device_pool_keeps_freed_memory_up_to_its_release_threshold_only():
+    # freed memory stays reserved through a synchronization, for reuse
+    # without driver calls, up to the pool's release threshold (512 MiB,
+    # csrc/alloc.c); above it a synchronization gives it back to the
+    # device, where torch's allocator can have it
+    threshold = 512 << 20
+    slack = 32 << 20  # the driver reserves in chunks of a few MiB
+    ga.synchronize()
+    ga.empty_cache()
+    a = ga.empty(64 << 20, dtype="uint8", device="cuda")
+    del a
+    ga.synchronize()
+    s = ga.memory_stats("cuda")
+    assert s["reserved_bytes"] >= s["allocated_bytes"] + (64 << 20)
+    big = ga.empty(threshold + (256 << 20), dtype="uint8", device="cuda")
+    assert ga.memory_stats("cuda")["reserved_bytes"] >= big.nbytes
+    del big
+    ga.synchronize()
+    s = ga.memory_stats("cuda")
+    assert s["reserved_bytes"] <= max(threshold, s["allocated_bytes"]) + slack
+    assert s["peak_reserved_bytes"] >= threshold + (256 << 20)
+
+
 @pytest.mark.gpu
 def test_pinned_memory_is_pinned_and_reused():
     p = ga.empty(1 << 16, dtype="float32", pinned=True)

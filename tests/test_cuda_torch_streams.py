@@ -146,3 +146,66 @@ def test_a_failing_torch_stream_lookup_is_raised_not_dropped():
                 print(name, "ran on another stream than torch's")
     """)
     assert " ".join(out) == "matmul raised LossLogger.log raised"
+
+
+def test_an_op_on_gpuaccels_stream_is_ordered_both_ways_with_torchs(rng):
+    # `with gpuaccel.Stream():` over CUDA torch tensors: the op waits for
+    # torch's current stream (which wrote its inputs and may still read an
+    # out= tensor), and torch's stream waits for the op afterwards, so that
+    # torch reusing an input's memory (its caching allocator does so in its
+    # stream's order) or reading the result comes after it
+    seed = int(rng.integers(2**31))
+    out = run_child("""
+        rng = np.random.default_rng(%d)
+        torch_stream = ga.Stream(device="cuda:0")
+        ANSWER = torch_stream.handle
+        a = rng.standard_normal((37, 19)).astype(np.float32)
+        w = rng.standard_normal((23, 19)).astype(np.float32)
+        x_t, w_t = on_device(a, torch_stream), on_device(w, torch_stream)
+        out_t = on_device(np.zeros((37, 23), np.float32), torch_stream)
+        with torch_stream:
+            out_t.array.astype("float64")   # torch reads the out= tensor's old contents
+        with ga.Stream(device="cuda:0"):
+            ga.linear(x_t, w_t, activation="relu", out=out_t)
+            y = ga.matmul(x_t, w_t.array.T)
+        with torch_stream:
+            # torch reuses the inputs' memory and reads the result
+            x_t.array[...] = 0.0
+            w_t.array[...] = 0.0
+            got = out_t.array.astype("float64")
+        torch_stream.synchronize()
+        np.testing.assert_allclose(got.numpy(), np.maximum(a @ w.T, 0), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(y.numpy(), a @ w.T, rtol=1e-5, atol=1e-5)
+        print("ok")
+    """ % seed)
+    assert out == ["ok"]
+
+
+def test_an_op_captured_on_gpuaccels_stream_does_not_wait_on_torchs_eager_stream(rng):
+    # inside a capture of gpuaccel's stream no event from torch's (eager)
+    # stream may be waited on: CUDA would refuse it and invalidate the capture
+    seed = int(rng.integers(2**31))
+    out = run_child("""
+        rng = np.random.default_rng(%d)
+        torch_stream = ga.Stream(device="cuda:0")
+        ANSWER = torch_stream.handle
+        a = rng.standard_normal((9, 5)).astype(np.float32)
+        x_t = on_device(a, torch_stream)
+        out_t = on_device(np.zeros((9, 9), np.float32), torch_stream)
+        capture = ga.Stream(device="cuda:0")
+        with capture:
+            capture.wait_stream(torch_stream)
+            ga.linear(x_t, x_t, out=out_t)   # the warm-up
+        torch_stream.wait_stream(capture)
+        g = ga.Graph()
+        g.capture_begin(capture)
+        with capture:
+            ga.linear(x_t, x_t, out=out_t)
+        g.capture_end()
+        capture.wait_stream(torch_stream)
+        g.replay(capture)
+        capture.synchronize()
+        np.testing.assert_allclose(out_t.array.numpy(), a @ a.T, rtol=1e-5, atol=1e-5)
+        print("ok")
+    """ % seed)
+    assert out == ["ok"]

@@ -21,7 +21,7 @@ def _public_callables():
         obj = getattr(C, name)
         if callable(obj) and not isinstance(obj, type) and not name.startswith("__"):
             found.append((name, obj))
-    for type_name in ("Array", "Stream", "Event", "Device"):
+    for type_name in ("Array", "Stream", "Event", "Device", "Graph"):
         t = getattr(C, type_name)
         found.append((type_name, t))
         for name in sorted(vars(t)):

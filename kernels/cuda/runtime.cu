@@ -213,6 +213,79 @@ extern "C" ga_status ga_cuda_stream_capturing(ga_stream stream, int *capturing)
     return ga_ok();
 }
 
+/* ----------------------------------------------------------- graphs */
+
+namespace
+{
+/* What ga_graph points to: the captured graph and its instantiation. */
+struct captured_graph {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+};
+} // namespace
+
+extern "C" ga_status ga_cuda_stream_begin_capture(int device, ga_stream stream, int mode)
+{
+    GA_WITH_DEVICE(device);
+    GA_CUDA_TRY(cudaStreamBeginCapture(ga_cu_stream(stream), (cudaStreamCaptureMode)mode));
+    return ga_ok();
+}
+
+extern "C" ga_status ga_cuda_stream_end_capture(int device, ga_stream stream, ga_graph *out)
+{
+    *out = NULL;
+    GA_WITH_DEVICE(device);
+    cudaGraph_t graph = nullptr;
+    GA_CUDA_TRY(cudaStreamEndCapture(ga_cu_stream(stream), &graph));
+    captured_graph *g = (captured_graph *)calloc(1, sizeof *g);
+    if (!g) {
+        cudaGraphDestroy(graph);
+        return GA_STATUS(GA_ERR_HOST_OUT_OF_MEMORY, "no host memory for a CUDA graph");
+    }
+    g->graph = graph;
+    /* a graph whose allocations outlive a launch (outputs a caller keeps)
+     * could not be launched again without AutoFreeOnLaunch */
+    cudaError_t err =
+        cudaGraphInstantiateWithFlags(&g->exec, graph, cudaGraphInstantiateFlagAutoFreeOnLaunch);
+    if (err != cudaSuccess) {
+        cudaGraphDestroy(graph);
+        free(g);
+        return ga_cuda_error(err, "cudaGraphInstantiateWithFlags(&exec, graph, AutoFreeOnLaunch)",
+                             __FILE__, __LINE__);
+    }
+    *out = (ga_graph)g;
+    return ga_ok();
+}
+
+extern "C" ga_status ga_cuda_graph_launch(int device, ga_graph graph, ga_stream stream)
+{
+    GA_WITH_DEVICE(device);
+    GA_CUDA_TRY(cudaGraphLaunch(((captured_graph *)graph)->exec, ga_cu_stream(stream)));
+    return ga_ok();
+}
+
+extern "C" ga_status ga_cuda_graph_destroy(int device, ga_graph graph)
+{
+    if (!graph)
+        return ga_ok();
+    GA_WITH_DEVICE(device);
+    captured_graph *g = (captured_graph *)graph;
+    cudaError_t exec_err = cudaGraphExecDestroy(g->exec);
+    cudaError_t graph_err = cudaGraphDestroy(g->graph);
+    free(g);
+    GA_CUDA_TRY(exec_err);
+    GA_CUDA_TRY(graph_err);
+    return ga_ok();
+}
+
+extern "C" ga_status ga_cuda_exchange_capture_mode(int *mode)
+{
+    cudaStreamCaptureMode m = (cudaStreamCaptureMode)*mode;
+    GA_CUDA_TRY(cudaThreadExchangeStreamCaptureMode(&m));
+    *mode = (int)m;
+    return ga_ok();
+}
+
 extern "C" ga_status ga_cuda_stream_device(ga_stream stream, int *device)
 {
     if (is_special_stream(stream)) {
@@ -330,7 +403,9 @@ extern "C" ga_status ga_cuda_event_elapsed_ms(int device, ga_event start, ga_eve
 /* --------------------------------------------------------- device pool */
 
 /* gpuaccel's own pool per device (not the default pool), so that its
- * reserved size is ours alone to report and trim. */
+ * reserved size is ours alone to report and trim; how much freed memory it
+ * keeps through a synchronization (its release threshold) is csrc/alloc.c's
+ * policy. */
 static cudaMemPool_t pools[GA_MAX_DEVICES];
 static std::mutex pools_mutex;
 
@@ -348,10 +423,6 @@ static ga_status get_pool(int device, cudaMemPool_t *out)
         props.location.id = device;
         cudaMemPool_t pool;
         GA_CUDA_TRY(cudaMemPoolCreate(&pool, &props));
-        /* Keep freed memory cached (like a caching allocator) until
-         * empty_cache() or a lower threshold says otherwise. */
-        uint64_t keep = UINT64_MAX;
-        GA_CUDA_TRY(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
         pools[device] = pool;
     }
     *out = pools[device];

@@ -4,11 +4,12 @@
  *
  * The CUDA paths of csrc/ (the device pool's cross-stream bookkeeping,
  * transfers, streams and events, DLPack stream handoff, the loader's copy
- * stream) decide *when* the GPU may touch memory; on a machine without a
- * GPU nothing else runs them.  This backend stands in for the runtime:
- * "device" memory is host memory, every queued operation runs at once (so
- * results are as if the GPU ran in order), and a vector clock per stream
- * records what each operation is guaranteed to follow under CUDA's rules:
+ * stream, CUDA graph capture) decide *when* the GPU may touch memory; on a
+ * machine without a GPU nothing else runs them.  This backend stands in
+ * for the runtime: "device" memory is host memory, every queued operation
+ * runs at once (so results are as if the GPU ran in order), and a vector
+ * clock per stream records what each operation is guaranteed to follow
+ * under CUDA's rules:
  *
  *   - work on a stream follows earlier work on the same stream, and
  *     whatever the host had seen finish when it queued the work;
@@ -28,6 +29,27 @@
  * warning from a dealloc), and the violation is also printed on stderr, so
  * that one whose error a caller drops is still seen.
  *
+ * Stream capture, as the CUDA programming guide defines it: between
+ * begin and end capture, work queued on the stream (and on streams that
+ * join the capture by waiting on an event recorded in it) is recorded into
+ * a graph, not run; cudaMallocAsync / cudaFreeAsync there become the
+ * graph's allocation and free nodes, whose memory the graph owns.  What a
+ * capture forbids fails as CUDA fails it, with CUDA's error, and
+ * invalidates the capture (its end then fails too): synchronizing or
+ * querying a capturing stream, a device with a capture, or an event
+ * recorded in a capture; a wait on an event recorded outside the capture
+ * (cudaErrorStreamCaptureIsolation); the legacy default stream while a
+ * blocking stream of its device captures; a free of memory the graph does
+ * not own; and the calls that may synchronize (stream, event and device
+ * queries and synchronization, pinned allocation and free) from a thread
+ * that the capture's mode and the thread's own mode
+ * (cudaThreadExchangeStreamCaptureMode) forbid them.  A
+ * graph launch replays its nodes in capture order on the launch stream,
+ * after the graph's previous launch, each checked like an operation queued
+ * then: so memory a graph kept the pointer of and that was freed since is
+ * a use of freed memory.  (Branches of one graph replay one after another,
+ * so a race between them is not seen.)
+ *
  * Kernels run at once on the simulated memory, so results can be checked
  * as well, and they are the CUDA backend's own: kernels/cuda compiled by
  * the host C++ compiler through kernels/cudacpu, which runs each CUDA
@@ -36,13 +58,16 @@
  * here can check an operation first and then call them.  cuBLASLt and
  * cuDNN do not run here: a matmul takes the path ga_cuda_matmul takes when
  * cuBLASLt cannot fuse it (the generic GEMM kernel and the epilogue
- * kernels), a conv the direct kernels (kernels/cuda/fallback.h).  Each
- * operand's byte extent must lie in one allocation of the kernel's device
- * or in pinned memory (a small memcheck).  Timings, engine choice and
- * graphs are not simulated; cuDNN's plan cache is, as far as csrc/ sees it
- * (see conv_setup).
+ * kernels), a conv the direct kernels (kernels/cuda/fallback.h); like
+ * conv.cu, a capturing conv runs only with a plan its thread made eagerly
+ * for the same problem.  Each operand's byte extent must lie in one
+ * allocation of the kernel's device or in pinned memory (a small
+ * memcheck).  Timings and engine choice are not simulated; cuDNN's plan
+ * cache is, as far as csrc/ sees it (see conv_setup).
  *
- * Environment: GPUACCEL_SIM_DEVICES (default 2) devices of 16 GiB each.
+ * Environment: GPUACCEL_SIM_DEVICES (default 2) devices of 16 GiB each;
+ * GPUACCEL_SIM_EVENT_QUERY_FAILS=1 (read at each query) makes event
+ * queries fail as on a device that hit a fault (cudaErrorLaunchFailure).
  */
 #define _POSIX_C_SOURCE 200809L /* nanosleep, strdup */
 
@@ -72,15 +97,21 @@ typedef struct {
     uint32_t c[SIM_MAX_STREAMS];
 } vclock;
 
+typedef struct sim_graph sim_graph;
+
 typedef struct sim_stream {
     int id, device, kind, priority;
     int released; /* back in the pool: a valid stream, handed out again */
     vclock vc;
+    sim_graph *capture; /* the capture its work goes into, or NULL */
+    vclock cap;         /* in a capture: how many captured nodes of each stream it follows */
 } sim_stream;
 
 typedef struct sim_event {
     int recorded, device;
     vclock vc;
+    uint64_t capture; /* last recorded in this capture (its id), or 0 */
+    vclock cap;       /* then: the captured nodes it follows */
 } sim_event;
 
 typedef struct region {
@@ -89,15 +120,119 @@ typedef struct region {
     int kind; /* 1 pinned, 2 device */
     int device, freed, written;
     vclock alloc, last_write, reads;
+    /* a graph allocation: the graph whose node allocates it (the address
+     * stays the graph's; freed means not allocated now), until the graph
+     * is destroyed */
+    sim_graph *graph;
+    int pooled;    /* allocated from the device's pool (not a graph's) */
+    int node_refs; /* graph nodes that name it: kept while they exist */
     struct region *next;
 } region;
+
+/* What an operation does, kept so that a captured one can run again. */
+typedef enum {
+    OP_MEMCPY,
+    OP_COPY,
+    OP_FILL,
+    OP_BIAS_ACTIVATION,
+    OP_ACTIVATION_BACKWARD,
+    OP_NORMALIZE,
+    OP_RESIZE,
+    OP_LOGGER_UPDATE,
+    OP_LOGGER_RESET,
+    OP_MATMUL,
+    OP_CONV_FORWARD,
+    OP_CONV_BACKWARD,
+} sim_op_kind;
+
+typedef struct {
+    sim_op_kind kind;
+    int device;
+    union {
+        struct {
+            void *dst;
+            const void *src;
+            size_t size;
+        } memcpy;
+        struct {
+            ga_tensor dst, src;
+        } copy;
+        struct {
+            ga_tensor dst;
+            ga_scalar value;
+        } fill;
+        ga_bias_act_desc bias_act;
+        ga_act_backward_desc act_backward;
+        ga_normalize_desc normalize;
+        ga_resize_job resize;
+        ga_logger_update logger;
+        struct {
+            void *state;
+            int max_metrics;
+            int64_t capacity, first_step, nsteps;
+        } reset;
+        struct {
+            ga_matmul_desc desc;
+            /* the bias gradient's partial sums go here: a replay passes it
+             * again (inside a capture, memory the graph owns) */
+            void *workspace;
+            size_t workspace_size;
+        } matmul;
+        ga_conv_desc conv;
+        struct {
+            ga_conv_geometry geom;
+            ga_tensor a, b, out;
+            int filter;
+        } conv_backward;
+    } u;
+} sim_op;
+
+/* One operand of a simulated operation: the bytes [lo, hi) it may touch
+ * and whether it writes them.  lo NULL: an empty operand, not checked. */
+typedef struct {
+    const char *lo, *hi;
+    int write;
+} sim_operand;
+
+#define SIM_MAX_OPERANDS (1 + GA_LOGGER_MAX_PER_CALL)
+
+enum { NODE_OP, NODE_ALLOC, NODE_FREE };
+
+typedef struct sim_node {
+    int kind;
+    sim_op op;                         /* NODE_OP */
+    sim_operand ops[SIM_MAX_OPERANDS]; /* NODE_OP: what it touches */
+    int n_ops;
+    int kernel_device; /* NODE_OP: a kernel's device, or -1 for a copy */
+    region *region;    /* NODE_ALLOC, NODE_FREE */
+    struct sim_node *next;
+} sim_node;
+
+/* A capture while it lasts, then the graph it made. */
+struct sim_graph {
+    uint64_t id;
+    int device, mode;
+    uint64_t thread; /* the thread that began the capture */
+    sim_stream *origin;
+    int capturing, invalidated;
+    char why[640]; /* what invalidated it */
+    sim_node *first, *last;
+    vclock done; /* its last launch happens before this */
+    sim_graph *next_capture;
+};
 
 static pthread_mutex_t sim_lock = PTHREAD_MUTEX_INITIALIZER;
 static sim_stream *streams[SIM_MAX_STREAMS];
 static int n_streams;
 static sim_stream *legacy[SIM_MAX_DEVICES];
 static region *regions;
-static uint64_t device_bytes[SIM_MAX_DEVICES], device_peak[SIM_MAX_DEVICES];
+static uint64_t device_bytes[SIM_MAX_DEVICES];
+/* The device's memory pool as CUDA keeps it: what its live allocations use,
+ * what it holds reserved (freed memory stays, for reuse, until a
+ * synchronization releases what is above the release threshold, or a
+ * trim), and that threshold (0 for a new pool, as in CUDA). */
+static uint64_t pool_used[SIM_MAX_DEVICES], pool_reserved[SIM_MAX_DEVICES];
+static uint64_t pool_peak[SIM_MAX_DEVICES], pool_threshold[SIM_MAX_DEVICES];
 static __thread sim_stream *per_thread[SIM_MAX_DEVICES];
 /* What the host has seen finish.  One for the process, not per thread:
  * host threads order their work with mutexes the simulator cannot see (a
@@ -106,6 +241,12 @@ static __thread sim_stream *per_thread[SIM_MAX_DEVICES];
  * after a wait returned does follow it. */
 static vclock host_seen;
 static __thread int current_device;
+/* Captures in progress; the thread's capture mode (cudaThreadExchange-
+ * StreamCaptureMode); ids for captures and threads. */
+static sim_graph *captures;
+static __thread int thread_mode = GA_CAPTURE_GLOBAL;
+static uint64_t last_capture_id, last_thread_token;
+static __thread uint64_t thread_token;
 
 #define SIM_STATUS(msg) GA_STATUS(GA_ERR_INVALID_VALUE, "simulated CUDA: " msg)
 
@@ -223,15 +364,6 @@ static region *find_region(const void *p)
     return freed;
 }
 
-/* One operand of a simulated operation: the bytes [lo, hi) it may touch
- * and whether it writes them.  lo NULL: an empty operand, not checked. */
-typedef struct {
-    const char *lo, *hi;
-    int write;
-} sim_operand;
-
-#define SIM_MAX_OPERANDS (1 + GA_LOGGER_MAX_PER_CALL)
-
 static ga_status operand_violation(const char *what, const sim_operand *o, int kernel_device,
                                    const sim_stream *s)
 {
@@ -248,7 +380,10 @@ static ga_status operand_violation(const char *what, const sim_operand *o, int k
 static ga_status check_region(region *r, const vclock *op, int write, const sim_stream *s)
 {
     if (r->freed)
-        return violation("use of freed memory", r, s);
+        return violation(r->graph ? "use of a graph's allocation while it is not allocated (its "
+                                    "graph freed it, or has not run up to its allocation)"
+                                  : "use of freed memory",
+                         r, s);
     if (!ordered_before(&r->alloc, op))
         return violation("use not ordered after the allocation", r, s);
     if (r->written && !ordered_before(&r->last_write, op))
@@ -362,6 +497,190 @@ static sim_operand bytes_operand(const void *p, size_t size, int write)
     return o;
 }
 
+/* ------------------------------------------------------- stream capture */
+
+static void drop_old_freed(void);
+static ga_status run_op(const sim_op *op, ga_stream stream, const vclock *v);
+
+static uint64_t my_thread(void)
+{
+    if (!thread_token)
+        thread_token = __atomic_add_fetch(&last_thread_token, 1, __ATOMIC_RELAXED);
+    return thread_token;
+}
+
+static const char *mode_name(int mode)
+{
+    return mode == GA_CAPTURE_GLOBAL         ? "global"
+           : mode == GA_CAPTURE_THREAD_LOCAL ? "thread-local"
+                                             : "relaxed";
+}
+
+static __thread char capture_text[640];
+
+static void invalidate(sim_graph *g, const char *why)
+{
+    if (g && !g->invalidated) {
+        g->invalidated = 1;
+        snprintf(g->why, sizeof g->why, "%s", why);
+    }
+}
+
+/* CUDA's error `code` (`name`) for `call`, whose text is in capture_text. */
+static ga_status capture_status(int code, const char *name, const char *call)
+{
+    return ga_status_make(GA_ERR_CUDA, code, name, capture_text, call, __FILE__, __LINE__);
+}
+
+/* A call that a capture forbids: CUDA's error, and the captures g and g2
+ * (either may be NULL) invalidated, as CUDA invalidates them. */
+static ga_status capture_violation(int code, const char *name, const char *call, const char *what,
+                                   sim_graph *g, sim_graph *g2)
+{
+    snprintf(capture_text, sizeof capture_text, "simulated CUDA: %s", what);
+    invalidate(g, capture_text);
+    invalidate(g2, capture_text);
+    return capture_status(code, name, call);
+}
+
+static sim_graph *capture_of_id(uint64_t id)
+{
+    for (sim_graph *g = captures; g; g = g->next_capture)
+        if (g->id == id)
+            return g;
+    return NULL;
+}
+
+/* Whether `g` forbids the calling thread the calls that may synchronize
+ * (by the capture's mode and the thread's own). */
+static int forbids(const sim_graph *g)
+{
+    if (thread_mode == GA_CAPTURE_RELAXED || g->mode == GA_CAPTURE_RELAXED)
+        return 0;
+    return g->thread == my_thread() ||
+           (thread_mode == GA_CAPTURE_GLOBAL && g->mode == GA_CAPTURE_GLOBAL);
+}
+
+/* A call that may synchronize (`call`): refused while a capture forbids it
+ * to this thread, which invalidates every such capture.  Called locked. */
+static ga_status may_synchronize(const char *call)
+{
+    sim_graph *first = NULL;
+    for (sim_graph *g = captures; g; g = g->next_capture)
+        if (forbids(g) && !first)
+            first = g;
+    if (!first)
+        return ga_ok();
+    snprintf(capture_text, sizeof capture_text,
+             "simulated CUDA: %s may synchronize, which a stream capture in progress (%s mode, "
+             "begun by %s) forbids to this thread (%s mode)",
+             call, mode_name(first->mode),
+             first->thread == my_thread() ? "this thread" : "another thread",
+             mode_name(thread_mode));
+    for (sim_graph *g = captures; g; g = g->next_capture)
+        if (forbids(g))
+            invalidate(g, capture_text);
+    return capture_status(900, "cudaErrorStreamCaptureUnsupported", call);
+}
+
+/* Whether work can be queued on `s` (by `call`) as captures stand: not on
+ * a stream whose capture is invalidated, and not on the legacy default
+ * stream while a blocking stream of its device is captured (it would wait
+ * for, and be waited on by, work that does not run).  Called locked. */
+static ga_status stream_usable(sim_stream *s, const char *call)
+{
+    if (s->capture && s->capture->invalidated) {
+        snprintf(capture_text, sizeof capture_text,
+                 "simulated CUDA: %s on a stream whose capture was invalidated earlier (%.480s)",
+                 call, s->capture->why);
+        return capture_status(901, "cudaErrorStreamCaptureInvalidated", call);
+    }
+    if (s->kind != SIM_LEGACY)
+        return ga_ok();
+    for (int k = 0; k < n_streams; k++) {
+        sim_stream *o = streams[k];
+        if (o->capture && o->device == s->device && o->kind == SIM_PER_THREAD)
+            return capture_violation(906, "cudaErrorStreamCaptureImplicit", call,
+                                     "the legacy default stream was used while a blocking stream "
+                                     "of its device (a per-thread default stream) is captured",
+                                     o->capture, NULL);
+    }
+    return ga_ok();
+}
+
+/* Appends a node, queued on `s`, to the capture `s` is in.  Called locked. */
+static ga_status capture_node(sim_stream *s, int kind, const sim_op *op, const sim_operand *ops,
+                              int n, int kernel_device, region *r)
+{
+    sim_node *node = calloc(1, sizeof *node);
+    if (!node)
+        return GA_STATUS(GA_ERR_HOST_OUT_OF_MEMORY, "simulated CUDA: no memory for a graph node");
+    node->kind = kind;
+    if (op)
+        node->op = *op;
+    if (n)
+        memcpy(node->ops, ops, (size_t)n * sizeof *ops);
+    node->n_ops = n;
+    node->kernel_device = kernel_device;
+    node->region = r;
+    if (r)
+        r->node_refs++;
+    sim_graph *g = s->capture;
+    if (g->last)
+        g->last->next = node;
+    else
+        g->first = node;
+    g->last = node;
+    s->cap.c[s->id]++;
+    return ga_ok();
+}
+
+/* The capture is over: its streams run their work again.  Called locked. */
+static void leave_capture(sim_graph *g)
+{
+    for (sim_graph **link = &captures; *link; link = &(*link)->next_capture)
+        if (*link == g) {
+            *link = g->next_capture;
+            break;
+        }
+    for (int k = 0; k < n_streams; k++)
+        if (streams[k]->capture == g) {
+            streams[k]->capture = NULL;
+            memset(&streams[k]->cap, 0, sizeof streams[k]->cap);
+        }
+    g->capturing = 0;
+}
+
+/* Frees a graph (its capture over).  Its allocations that are not
+ * allocated now go with it; one that is (an output its last launch left
+ * allocated) becomes an ordinary allocation, freed by cudaFreeAsync.
+ * Called locked. */
+static void graph_free(sim_graph *g)
+{
+    for (sim_node *node = g->first, *next; node; node = next) {
+        next = node->next;
+        if (node->region)
+            node->region->node_refs--;
+        free(node);
+    }
+    for (region *r = regions; r; r = r->next)
+        if (r->graph == g)
+            r->graph = NULL;
+    free(g);
+    drop_old_freed();
+}
+
+/* A synchronization with work of `device` (cudaStreamSynchronize,
+ * cudaEventSynchronize, cudaDeviceSynchronize): its pool gives back to the
+ * device the freed memory above its release threshold.  Called locked. */
+static void pool_release(int device)
+{
+    if (device < 0 || device >= SIM_MAX_DEVICES || pool_reserved[device] <= pool_threshold[device])
+        return;
+    pool_reserved[device] =
+        pool_used[device] > pool_threshold[device] ? pool_used[device] : pool_threshold[device];
+}
+
 /* ------------------------------------------------------ device queries */
 
 ga_status ga_cuda_device_count(int *count)
@@ -409,7 +728,8 @@ ga_status ga_cuda_mem_info(int device, uint64_t *free_bytes, uint64_t *total_byt
         return SIM_STATUS("device ordinal out of range");
     pthread_mutex_lock(&sim_lock);
     *total_bytes = SIM_MEMORY;
-    *free_bytes = SIM_MEMORY - device_bytes[device];
+    uint64_t held = device_bytes[device] + (pool_reserved[device] - pool_used[device]);
+    *free_bytes = held < SIM_MEMORY ? SIM_MEMORY - held : 0;
     pthread_mutex_unlock(&sim_lock);
     return ga_ok();
 }
@@ -419,11 +739,23 @@ ga_status ga_cuda_device_synchronize(int device)
     if (device < 0 || device >= device_count())
         return SIM_STATUS("device ordinal out of range");
     pthread_mutex_lock(&sim_lock);
-    for (int k = 0; k < n_streams; k++)
+    ga_status status = ga_ok();
+    for (int k = 0; k < n_streams && !status.error; k++)
+        if (streams[k]->device == device && streams[k]->capture)
+            status =
+                capture_violation(900, "cudaErrorStreamCaptureUnsupported", "cudaDeviceSynchronize",
+                                  "a device was synchronized while one of its streams is "
+                                  "captured",
+                                  streams[k]->capture, NULL);
+    if (!status.error)
+        status = may_synchronize("cudaDeviceSynchronize");
+    for (int k = 0; k < n_streams && !status.error; k++)
         if (streams[k]->device == device)
             join(&host_seen, &streams[k]->vc);
+    if (!status.error)
+        pool_release(device);
     pthread_mutex_unlock(&sim_lock);
-    return ga_ok();
+    return status;
 }
 
 ga_status ga_cuda_thread_init(int device)
@@ -431,6 +763,7 @@ ga_status ga_cuda_thread_init(int device)
     if (device < 0 || device >= device_count())
         return SIM_STATUS("device ordinal out of range");
     current_device = device;
+    thread_mode = GA_CAPTURE_RELAXED; /* as kernels/cuda/runtime.cu */
     return ga_ok();
 }
 
@@ -466,21 +799,41 @@ void ga_cuda_stream_release(int device, int priority, ga_stream stream)
     pthread_mutex_unlock(&sim_lock);
 }
 
-ga_status ga_cuda_stream_synchronize(int device, ga_stream stream)
+/* Synchronize (query: `call` says which) a stream: refused while it is
+ * captured or a capture forbids it. */
+static ga_status stream_wait_host(int device, ga_stream stream, const char *call)
 {
     pthread_mutex_lock(&sim_lock);
     sim_stream *s = NULL;
     ga_status status = resolve(device, stream, &s);
     if (!status.error)
+        status = stream_usable(s, call);
+    if (!status.error && s->capture)
+        status = capture_violation(900, "cudaErrorStreamCaptureUnsupported", call,
+                                   "a stream was synchronized or queried while it is captured",
+                                   s->capture, NULL);
+    if (!status.error)
+        status = may_synchronize(call);
+    if (!status.error)
         join(&host_seen, &s->vc);
+    if (!status.error && strcmp(call, "cudaStreamSynchronize") == 0)
+        pool_release(s->device);
     pthread_mutex_unlock(&sim_lock);
     return status;
+}
+
+ga_status ga_cuda_stream_synchronize(int device, ga_stream stream)
+{
+    return stream_wait_host(device, stream, "cudaStreamSynchronize");
 }
 
 ga_status ga_cuda_stream_query(int device, ga_stream stream, int *done)
 {
     *done = 1; /* everything has run */
-    return ga_cuda_stream_synchronize(device, stream);
+    ga_status status = stream_wait_host(device, stream, "cudaStreamQuery");
+    if (status.error)
+        *done = 0;
+    return status;
 }
 
 ga_status ga_cuda_stream_device(ga_stream stream, int *device)
@@ -499,14 +852,52 @@ ga_status ga_cuda_stream_device(ga_stream stream, int *device)
     return *device >= 0 ? ga_ok() : SIM_STATUS("not a stream handle");
 }
 
+/* `s` waits for what a record on a captured stream (or an event recorded
+ * there) follows, `cap`: inside its capture `g`, joining it when `s` is in
+ * none.  Called locked. */
+static ga_status wait_captured(sim_stream *s, sim_graph *g, const vclock *cap, const char *call)
+{
+    if (s->capture == g) {
+        join(&s->cap, cap);
+        return ga_ok();
+    }
+    if (s->capture)
+        return capture_violation(902, "cudaErrorStreamCaptureMerge", call,
+                                 "a captured stream waited on work of another capture", s->capture,
+                                 g);
+    if (s->kind == SIM_LEGACY)
+        return capture_violation(906, "cudaErrorStreamCaptureImplicit", call,
+                                 "the legacy default stream cannot join a capture", g, NULL);
+    s->capture = g; /* a fork: its work goes into the capture from now on */
+    s->cap = *cap;
+    return ga_ok();
+}
+
 ga_status ga_cuda_stream_wait_event(int device, ga_stream stream, ga_event event)
 {
+    static const char *const call = "cudaStreamWaitEvent";
     pthread_mutex_lock(&sim_lock);
     sim_stream *s = NULL;
     sim_event *e = (sim_event *)event;
     ga_status status = resolve(device, stream, &s);
-    if (!status.error && e->recorded)
-        join(&s->vc, &e->vc);
+    if (!status.error)
+        status = stream_usable(s, call);
+    if (!status.error && e->recorded) {
+        sim_graph *g = e->capture ? capture_of_id(e->capture) : NULL;
+        if (e->capture && !g)
+            status = capture_violation(907, "cudaErrorCapturedEvent", call,
+                                       "a wait on an event last recorded in a capture that is over",
+                                       s->capture, NULL);
+        else if (g)
+            status = wait_captured(s, g, &e->cap, call);
+        else if (s->capture)
+            status = capture_violation(905, "cudaErrorStreamCaptureIsolation", call,
+                                       "a captured stream waited on an event recorded outside the "
+                                       "capture",
+                                       s->capture, NULL);
+        else
+            join(&s->vc, &e->vc);
+    }
     pthread_mutex_unlock(&sim_lock);
     return status;
 }
@@ -514,27 +905,234 @@ ga_status ga_cuda_stream_wait_event(int device, ga_stream stream, ga_event event
 ga_status ga_cuda_stream_wait_stream(int consumer_device, ga_stream consumer, int producer_device,
                                      ga_stream producer)
 {
+    static const char *const call = "cudaStreamWaitEvent";
     pthread_mutex_lock(&sim_lock);
     sim_stream *c = NULL, *p = NULL;
     ga_status status = resolve(consumer_device, consumer, &c);
     if (!status.error)
         status = resolve(producer_device, producer, &p);
+    if (!status.error && c != p)
+        status = stream_usable(p, "cudaEventRecord");
+    if (!status.error && c != p)
+        status = stream_usable(c, call);
     if (!status.error && c != p) {
-        vclock v = queue_op(p); /* the event record */
-        join(&c->vc, &v);
+        /* an event recorded on p, waited on by c */
+        if (p->capture)
+            status = wait_captured(c, p->capture, &p->cap, call);
+        else if (c->capture)
+            status = capture_violation(905, "cudaErrorStreamCaptureIsolation", call,
+                                       "a captured stream waited on an event recorded outside the "
+                                       "capture",
+                                       c->capture, NULL);
+        else {
+            vclock v = queue_op(p);
+            join(&c->vc, &v);
+        }
     }
     pthread_mutex_unlock(&sim_lock);
     return status;
 }
 
-/* No stream is captured here, unless a test says every stream is
- * (GPUACCEL_SIM_CAPTURING=1, read at each query): what a call does inside
- * a capture is then seen without a GPU. */
 ga_status ga_cuda_stream_capturing(ga_stream stream, int *capturing)
 {
-    (void)stream;
-    const char *env = getenv("GPUACCEL_SIM_CAPTURING");
-    *capturing = env && strcmp(env, "1") == 0;
+    *capturing = 0;
+    pthread_mutex_lock(&sim_lock);
+    sim_stream *s = NULL;
+    ga_status status = ga_ok();
+    if ((uintptr_t)stream <= 2) {
+        status = resolve(current_device, stream, &s);
+    } else {
+        for (int k = 0; k < n_streams && !s; k++)
+            if (streams[k] == (sim_stream *)stream)
+                s = streams[k];
+        if (!s)
+            status = SIM_STATUS("not a stream handle");
+    }
+    /* the legacy default stream takes part in a blocking stream's capture:
+     * cudaStreamIsCapturing refuses to answer for it then */
+    for (int k = 0; s && s->kind == SIM_LEGACY && k < n_streams && !status.error; k++)
+        if (streams[k]->capture && streams[k]->device == s->device &&
+            streams[k]->kind == SIM_PER_THREAD) {
+            snprintf(capture_text, sizeof capture_text,
+                     "simulated CUDA: the legacy default stream was asked about while a blocking "
+                     "stream of its device (a per-thread default stream) is captured");
+            status = capture_status(906, "cudaErrorStreamCaptureImplicit", "cudaStreamIsCapturing");
+        }
+    /* as cudaStreamIsCapturing's cudaStreamCaptureStatusActive */
+    if (s && !status.error)
+        *capturing = s->capture && !s->capture->invalidated;
+    pthread_mutex_unlock(&sim_lock);
+    return status;
+}
+
+/* ---------------------------------------------------------------- graphs */
+
+ga_status ga_cuda_stream_begin_capture(int device, ga_stream stream, int mode)
+{
+    static const char *const call = "cudaStreamBeginCapture";
+    if (mode < GA_CAPTURE_GLOBAL || mode > GA_CAPTURE_RELAXED)
+        return SIM_STATUS("not a stream capture mode");
+    pthread_mutex_lock(&sim_lock);
+    sim_stream *s = NULL;
+    sim_graph *g = NULL;
+    ga_status status = resolve(device, stream, &s);
+    if (!status.error && s->kind == SIM_LEGACY) {
+        snprintf(capture_text, sizeof capture_text,
+                 "simulated CUDA: the legacy default stream cannot be captured");
+        status = capture_status(900, "cudaErrorStreamCaptureUnsupported", call);
+    } else if (!status.error && s->capture) {
+        snprintf(capture_text, sizeof capture_text,
+                 "simulated CUDA: the stream is being captured already");
+        status = capture_status(401, "cudaErrorIllegalState", call);
+    } else if (!status.error && !(g = calloc(1, sizeof *g))) {
+        status = GA_STATUS(GA_ERR_HOST_OUT_OF_MEMORY, "simulated CUDA: no memory for a graph");
+    }
+    if (!status.error) {
+        g->id = ++last_capture_id;
+        g->device = device;
+        g->mode = mode;
+        g->thread = my_thread();
+        g->origin = s;
+        g->capturing = 1;
+        g->next_capture = captures;
+        captures = g;
+        s->capture = g;
+        memset(&s->cap, 0, sizeof s->cap);
+    }
+    pthread_mutex_unlock(&sim_lock);
+    return status;
+}
+
+ga_status ga_cuda_stream_end_capture(int device, ga_stream stream, ga_graph *out)
+{
+    static const char *const call = "cudaStreamEndCapture";
+    *out = NULL;
+    pthread_mutex_lock(&sim_lock);
+    sim_stream *s = NULL;
+    ga_status status = resolve(device, stream, &s);
+    sim_graph *g = s ? s->capture : NULL;
+    if (!status.error && !g) {
+        snprintf(capture_text, sizeof capture_text, "simulated CUDA: the stream is not captured");
+        status = capture_status(401, "cudaErrorIllegalState", call);
+    } else if (!status.error && g->origin != s) {
+        status = capture_violation(903, "cudaErrorStreamCaptureUnmatched", call,
+                                   "a capture was ended on a stream that joined it, not on the "
+                                   "one that began it",
+                                   g, NULL);
+    } else if (!status.error && g->mode != GA_CAPTURE_RELAXED && g->thread != my_thread()) {
+        snprintf(capture_text, sizeof capture_text,
+                 "simulated CUDA: a %s capture was ended by another thread than the one that "
+                 "began it",
+                 mode_name(g->mode));
+        status = capture_status(908, "cudaErrorStreamCaptureWrongThread", call);
+    } else if (!status.error) {
+        /* every stream that joined must have been joined back */
+        for (int k = 0; k < n_streams && !g->invalidated; k++) {
+            sim_stream *m = streams[k];
+            if (m->capture == g && m != s && s->cap.c[m->id] < m->cap.c[m->id])
+                invalidate(g, "simulated CUDA: a stream that joined the capture has work the "
+                              "capturing stream did not wait for (an unjoined fork)");
+        }
+        int unjoined = g->invalidated && strstr(g->why, "unjoined fork") != NULL;
+        leave_capture(g);
+        if (g->invalidated) {
+            snprintf(capture_text, sizeof capture_text, "%s", g->why);
+            status = unjoined ? capture_status(904, "cudaErrorStreamCaptureUnjoined", call)
+                              : capture_status(901, "cudaErrorStreamCaptureInvalidated", call);
+            graph_free(g);
+        } else {
+            *out = (ga_graph)g;
+        }
+    }
+    pthread_mutex_unlock(&sim_lock);
+    return status;
+}
+
+/* The graph's nodes in order on `s`, after its previous launch, each
+ * checked as an operation queued then.  Called locked. */
+static ga_status replay(sim_graph *g, sim_stream *s, ga_stream handle)
+{
+    join(&s->vc, &g->done);
+    ga_status status = ga_ok();
+    /* instantiated to free, before a launch, what the last one left
+     * allocated (kernels/cuda/runtime.cu: AutoFreeOnLaunch) */
+    for (region *r = regions; r && !status.error; r = r->next)
+        if (r->graph == g && !r->freed) {
+            vclock v = queue_op(s);
+            status = check_region(r, &v, 1, s);
+            if (!status.error) {
+                r->freed = 1;
+                device_bytes[r->device] -= r->size;
+            }
+        }
+    for (sim_node *node = g->first; node && !status.error; node = node->next) {
+        vclock v = queue_op(s);
+        region *r = node->region;
+        switch (node->kind) {
+        case NODE_OP:
+            status = access_all(node->ops, node->n_ops, &v, s, node->kernel_device);
+            if (!status.error)
+                status = run_op(&node->op, handle, &v);
+            break;
+        case NODE_ALLOC:
+            r->freed = 0;
+            r->written = 0;
+            r->alloc = v;
+            memset(&r->last_write, 0, sizeof r->last_write);
+            memset(&r->reads, 0, sizeof r->reads);
+            device_bytes[r->device] += r->size;
+            break;
+        case NODE_FREE:
+            status = check_region(r, &v, 1, s);
+            if (!status.error) {
+                r->freed = 1;
+                device_bytes[r->device] -= r->size;
+            }
+            break;
+        }
+    }
+    g->done = s->vc;
+    return status;
+}
+
+ga_status ga_cuda_graph_launch(int device, ga_graph graph, ga_stream stream)
+{
+    sim_graph *g = (sim_graph *)graph;
+    pthread_mutex_lock(&sim_lock);
+    sim_stream *s = NULL;
+    ga_status status = resolve(device, stream, &s);
+    if (!status.error)
+        status = stream_usable(s, "cudaGraphLaunch");
+    if (!status.error && g->device != device)
+        status = SIM_STATUS("a graph launched on a stream of another device than its own");
+    if (!status.error && s->capture)
+        status = GA_STATUS(GA_ERR_NOT_SUPPORTED,
+                           "simulated CUDA: a graph launched into a capture (a child graph) is "
+                           "not simulated");
+    if (!status.error)
+        status = replay(g, s, stream);
+    pthread_mutex_unlock(&sim_lock);
+    return status;
+}
+
+ga_status ga_cuda_graph_destroy(int device, ga_graph graph)
+{
+    (void)device;
+    if (!graph)
+        return ga_ok();
+    pthread_mutex_lock(&sim_lock);
+    graph_free((sim_graph *)graph);
+    pthread_mutex_unlock(&sim_lock);
+    return ga_ok();
+}
+
+ga_status ga_cuda_exchange_capture_mode(int *mode)
+{
+    if (*mode < GA_CAPTURE_GLOBAL || *mode > GA_CAPTURE_RELAXED)
+        return SIM_STATUS("not a stream capture mode");
+    int previous = thread_mode;
+    thread_mode = *mode;
+    *mode = previous;
     return ga_ok();
 }
 
@@ -584,11 +1182,35 @@ ga_status ga_cuda_event_record(int device, ga_event event, ga_stream stream)
     pthread_mutex_lock(&sim_lock);
     sim_stream *s = NULL;
     ga_status status = resolve(device, stream, &s);
-    if (!status.error) {
+    if (!status.error)
+        status = stream_usable(s, "cudaEventRecord");
+    if (!status.error && s->capture) {
+        /* no node: inside the capture it marks a point to wait for */
+        e->capture = s->capture->id;
+        e->cap = s->cap;
+        e->recorded = 1;
+    } else if (!status.error) {
         e->vc = queue_op(s);
+        e->capture = 0;
         e->recorded = 1;
     }
     pthread_mutex_unlock(&sim_lock);
+    return status;
+}
+
+/* Synchronize (query) an event: `call` says which. */
+static ga_status event_wait_host(sim_event *e, const char *call)
+{
+    ga_status status = ga_ok();
+    if (e->capture)
+        status = capture_violation(907, "cudaErrorCapturedEvent", call,
+                                   "an event last recorded in a capture was synchronized or "
+                                   "queried",
+                                   capture_of_id(e->capture), NULL);
+    if (!status.error)
+        status = may_synchronize(call);
+    if (!status.error)
+        join(&host_seen, &e->vc);
     return status;
 }
 
@@ -596,15 +1218,28 @@ ga_status ga_cuda_event_synchronize(int device, ga_event event)
 {
     (void)device;
     pthread_mutex_lock(&sim_lock);
-    join(&host_seen, &((sim_event *)event)->vc);
+    sim_event *e = (sim_event *)event;
+    ga_status status = event_wait_host(e, "cudaEventSynchronize");
+    if (!status.error && e->recorded)
+        pool_release(e->device);
     pthread_mutex_unlock(&sim_lock);
-    return ga_ok();
+    return status;
 }
 
 ga_status ga_cuda_event_query(int device, ga_event event, int *done)
 {
-    *done = 1;
-    return ga_cuda_event_synchronize(device, event);
+    (void)device;
+    *done = 0;
+    const char *fails = getenv("GPUACCEL_SIM_EVENT_QUERY_FAILS");
+    if (fails && strcmp(fails, "1") == 0)
+        return ga_status_make(GA_ERR_CUDA, 719, "cudaErrorLaunchFailure",
+                              "simulated CUDA: a fault (GPUACCEL_SIM_EVENT_QUERY_FAILS=1)",
+                              "cudaEventQuery", __FILE__, __LINE__);
+    pthread_mutex_lock(&sim_lock);
+    ga_status status = event_wait_host((sim_event *)event, "cudaEventQuery");
+    pthread_mutex_unlock(&sim_lock);
+    *done = !status.error; /* everything has run */
+    return status;
 }
 
 ga_status ga_cuda_event_elapsed_ms(int device, ga_event start, ga_event end, float *ms)
@@ -616,6 +1251,23 @@ ga_status ga_cuda_event_elapsed_ms(int device, ga_event start, ga_event end, flo
 
 /* -------------------------------------------------------------- memory */
 
+/* A new region of `size` bytes of `device`, not yet listed.  NULL when out
+ * of host memory. */
+static region *new_device_region(int device, size_t size)
+{
+    region *r = calloc(1, sizeof *r);
+    char *p = r ? aligned_alloc(256, (size + 255) / 256 * 256) : NULL;
+    if (!p) {
+        free(r);
+        return NULL;
+    }
+    r->ptr = p;
+    r->size = size;
+    r->kind = 2;
+    r->device = device;
+    return r;
+}
+
 ga_status ga_cuda_malloc_async(int device, size_t size, ga_stream stream, void **out)
 {
     *out = NULL;
@@ -623,38 +1275,52 @@ ga_status ga_cuda_malloc_async(int device, size_t size, ga_stream stream, void *
         return ga_ok();
     pthread_mutex_lock(&sim_lock);
     sim_stream *s = NULL;
+    region *r = NULL;
     ga_status status = resolve(device, stream, &s);
+    if (!status.error)
+        status = stream_usable(s, "cudaMallocFromPoolAsync");
     if (status.error)
         goto done;
     if (device_bytes[device] + size > SIM_MEMORY) {
         status = GA_STATUS(GA_ERR_OUT_OF_MEMORY, "simulated CUDA: out of memory");
         goto done;
     }
-    region *r = calloc(1, sizeof *r);
-    char *p = r ? aligned_alloc(256, (size + 255) / 256 * 256) : NULL;
-    if (!p) {
-        free(r);
+    if (!(r = new_device_region(device, size))) {
         status = GA_STATUS(GA_ERR_OUT_OF_MEMORY, "simulated CUDA: out of host memory");
         goto done;
     }
-    r->ptr = p;
-    r->size = size;
-    r->kind = 2;
-    r->device = device;
-    r->alloc = queue_op(s);
+    if (s->capture) {
+        /* an allocation node: the graph owns the memory, allocated when a
+         * launch reaches the node */
+        r->graph = s->capture;
+        r->freed = 1;
+        status = capture_node(s, NODE_ALLOC, NULL, NULL, 0, -1, r);
+        if (status.error) {
+            free(r->ptr);
+            free(r);
+            goto done;
+        }
+    } else {
+        r->alloc = queue_op(s);
+        r->pooled = 1;
+        device_bytes[device] += size;
+        pool_used[device] += size;
+        if (pool_used[device] > pool_reserved[device])
+            pool_reserved[device] = pool_used[device];
+        if (pool_reserved[device] > pool_peak[device])
+            pool_peak[device] = pool_reserved[device];
+    }
     r->next = regions;
     regions = r;
-    device_bytes[device] += size;
-    if (device_bytes[device] > device_peak[device])
-        device_peak[device] = device_bytes[device];
-    *out = p;
+    *out = r->ptr;
 done:
     pthread_mutex_unlock(&sim_lock);
     return status;
 }
 
 /* Freed regions stay listed (and their memory kept) so that a late use is
- * caught as such; the oldest are dropped beyond this many. */
+ * caught as such; the oldest are dropped beyond this many (not a graph's,
+ * whose address stays the graph's, nor one a graph node names). */
 #define SIM_KEEP_FREED 4096
 
 static void drop_old_freed(void)
@@ -662,7 +1328,7 @@ static void drop_old_freed(void)
     int kept = 0;
     for (region **link = &regions; *link;) {
         region *r = *link;
-        if (r->freed && ++kept > SIM_KEEP_FREED) {
+        if (r->freed && !r->graph && !r->node_refs && ++kept > SIM_KEEP_FREED) {
             *link = r->next;
             free(r->ptr);
             free(r);
@@ -674,22 +1340,49 @@ static void drop_old_freed(void)
 
 ga_status ga_cuda_free_async(int device, void *ptr, ga_stream stream)
 {
+    static const char *const call = "cudaFreeAsync";
     if (!ptr)
         return ga_ok();
     pthread_mutex_lock(&sim_lock);
     sim_stream *s = NULL;
     ga_status status = resolve(device, stream, &s);
-    region *r = find_region(ptr);
-    if (!status.error && (!r || r->kind != 2 || r->ptr != ptr || r->device != device))
-        status = SIM_STATUS("cudaFreeAsync of a pointer that is no allocation of this device");
+    region *r = NULL;
+    if (!status.error)
+        status = stream_usable(s, call);
     if (!status.error) {
-        vclock v = queue_op(s);
-        status = check_region(r, &v, 1, s); /* after every use, like a write */
+        /* the live allocation at ptr, else a graph's (allocated or not) */
+        r = find_region(ptr);
+        if (r && r->freed)
+            for (region *o = regions; o; o = o->next)
+                if (o->ptr == ptr && o->graph)
+                    r = o;
+        if (!r || r->kind != 2 || r->ptr != ptr || r->device != device || (r->freed && !r->graph))
+            status = SIM_STATUS("cudaFreeAsync of a pointer that is no allocation of this device");
     }
-    if (!status.error) {
-        r->freed = 1;
-        device_bytes[device] -= r->size;
-        drop_old_freed();
+    if (!status.error && s->capture) {
+        if (!r->graph)
+            status = capture_violation(1, "cudaErrorInvalidValue", call,
+                                       "during capture cudaFreeAsync makes a free node, which "
+                                       "must free a graph's allocation; this memory was "
+                                       "allocated outside any capture",
+                                       s->capture, NULL);
+        else
+            status = capture_node(s, NODE_FREE, NULL, NULL, 0, -1, r);
+    } else if (!status.error) {
+        vclock v = queue_op(s);
+        if (r->graph && r->freed)
+            status = violation("cudaFreeAsync of a graph's allocation that is not allocated (its "
+                               "graph freed it, or has not been launched)",
+                               r, s);
+        else
+            status = check_region(r, &v, 1, s); /* after every use, like a write */
+        if (!status.error) {
+            r->freed = 1;
+            device_bytes[device] -= r->size;
+            if (r->pooled)
+                pool_used[device] -= r->size; /* still reserved */
+            drop_old_freed();
+        }
     }
     pthread_mutex_unlock(&sim_lock);
     return status;
@@ -697,32 +1390,45 @@ ga_status ga_cuda_free_async(int device, void *ptr, ga_stream stream)
 
 ga_status ga_cuda_pool_set_release_threshold(int device, uint64_t bytes)
 {
-    (void)device, (void)bytes;
+    if (device < 0 || device >= device_count())
+        return SIM_STATUS("device ordinal out of range");
+    pthread_mutex_lock(&sim_lock);
+    pool_threshold[device] = bytes;
+    pthread_mutex_unlock(&sim_lock);
     return ga_ok();
 }
 
 ga_status ga_cuda_pool_trim(int device)
 {
-    (void)device;
+    if (device < 0 || device >= device_count())
+        return SIM_STATUS("device ordinal out of range");
+    pthread_mutex_lock(&sim_lock);
+    pool_reserved[device] = pool_used[device];
+    pthread_mutex_unlock(&sim_lock);
     return ga_ok();
 }
 
 ga_status ga_cuda_pool_reserved(int device, uint64_t *current, uint64_t *peak)
 {
     pthread_mutex_lock(&sim_lock);
-    *current = device >= 0 && device < SIM_MAX_DEVICES ? device_bytes[device] : 0;
-    *peak = device >= 0 && device < SIM_MAX_DEVICES ? device_peak[device] : 0;
+    *current = device >= 0 && device < SIM_MAX_DEVICES ? pool_reserved[device] : 0;
+    *peak = device >= 0 && device < SIM_MAX_DEVICES ? pool_peak[device] : 0;
     pthread_mutex_unlock(&sim_lock);
     return ga_ok();
 }
 
 ga_status ga_cuda_host_alloc(size_t size, void **out)
 {
+    *out = NULL;
+    pthread_mutex_lock(&sim_lock);
+    ga_status status = may_synchronize("cudaHostAlloc");
+    pthread_mutex_unlock(&sim_lock);
+    if (status.error)
+        return status;
     region *r = calloc(1, sizeof *r);
     char *p = r ? aligned_alloc(4096, (size + 4095) / 4096 * 4096) : NULL;
     if (!p) {
         free(r);
-        *out = NULL;
         return GA_STATUS(GA_ERR_OUT_OF_MEMORY, "simulated CUDA: out of pinned memory");
     }
     r->ptr = p;
@@ -743,8 +1449,9 @@ ga_status ga_cuda_host_free(void *ptr)
         return ga_ok();
     pthread_mutex_lock(&sim_lock);
     region *r = find_region(ptr);
-    ga_status status = ga_ok();
-    if (!r || r->kind != 1 || r->ptr != ptr || r->freed) {
+    ga_status status = may_synchronize("cudaFreeHost");
+    if (status.error) {
+    } else if (!r || r->kind != 1 || r->ptr != ptr || r->freed) {
         status = SIM_STATUS("cudaFreeHost of a pointer that is no pinned allocation");
     } else {
         /* the host gives the memory back: every copy that used it must
@@ -757,26 +1464,6 @@ ga_status ga_cuda_host_free(void *ptr)
     if (!status.error) {
         r->freed = 1;
         drop_old_freed();
-    }
-    pthread_mutex_unlock(&sim_lock);
-    return status;
-}
-
-ga_status ga_cuda_memcpy_async(int device, void *dst, const void *src, size_t size,
-                               ga_stream stream)
-{
-    pthread_mutex_lock(&sim_lock);
-    sim_stream *s = NULL;
-    ga_status status = resolve(device, stream, &s);
-    if (!status.error && size) {
-        vclock v = queue_op(s);
-        sim_operand ops[2] = {bytes_operand(src, size, 0), bytes_operand(dst, size, 1)};
-        status = access_all(ops, 2, &v, s, -1);
-        if (!status.error) {
-            memmove(dst, src, size);
-            if (!find_region(dst)) /* into pageable memory: done on return */
-                join(&host_seen, &v);
-        }
     }
     pthread_mutex_unlock(&sim_lock);
     return status;
@@ -815,39 +1502,171 @@ ga_status ga_cuda_pointer_info(const void *ptr, int *kind, int *device)
     return ga_ok();
 }
 
-/* ------------------------------------------------------------- kernels */
+/* ---------------------------------------------------------- operations */
 
-/* Queues a kernel of `device` on `stream` that touches `ops`, checked as
- * access_all does.  Called locked; on success the caller runs the kernel
- * at once. */
-static ga_status launch(int device, ga_stream stream, const sim_operand *ops, int n)
+/* Runs an operation (queued with clock v) on the simulated memory. */
+static ga_status run_op(const sim_op *op, ga_stream stream, const vclock *v)
+{
+    const int d = op->device;
+    switch (op->kind) {
+    case OP_MEMCPY:
+        memmove(op->u.memcpy.dst, op->u.memcpy.src, op->u.memcpy.size);
+        if (!find_region(op->u.memcpy.dst)) /* into pageable memory: done on return */
+            join(&host_seen, v);
+        return ga_ok();
+    case OP_COPY: return ga_sim_kernel_copy(d, &op->u.copy.dst, &op->u.copy.src, stream);
+    case OP_FILL: return ga_sim_kernel_fill(d, &op->u.fill.dst, op->u.fill.value, stream);
+    case OP_BIAS_ACTIVATION: return ga_sim_kernel_bias_activation(d, &op->u.bias_act, stream);
+    case OP_ACTIVATION_BACKWARD:
+        return ga_sim_kernel_activation_backward(d, &op->u.act_backward, stream);
+    case OP_NORMALIZE: return ga_sim_kernel_normalize_images(d, &op->u.normalize, stream);
+    case OP_RESIZE: return ga_sim_kernel_resize_images(d, &op->u.resize, 1, stream);
+    case OP_LOGGER_UPDATE: return ga_sim_kernel_logger_update(d, &op->u.logger, stream);
+    case OP_LOGGER_RESET:
+        return ga_sim_kernel_logger_reset_window(d, op->u.reset.state, op->u.reset.max_metrics,
+                                                 op->u.reset.capacity, op->u.reset.first_step,
+                                                 op->u.reset.nsteps, stream);
+    case OP_MATMUL:
+        return ga_cuda_matmul_unfused(d, &op->u.matmul.desc, 0, op->u.matmul.workspace,
+                                      op->u.matmul.workspace_size, stream);
+    case OP_CONV_FORWARD: return ga_cuda_conv2d_forward_direct(d, &op->u.conv, stream);
+    case OP_CONV_BACKWARD: {
+        const ga_conv_geometry *g = &op->u.conv_backward.geom;
+        const ga_tensor *a = &op->u.conv_backward.a, *b = &op->u.conv_backward.b;
+        const ga_tensor *out = &op->u.conv_backward.out;
+        return op->u.conv_backward.filter
+                   ? ga_cuda_conv2d_backward_filter_direct(d, g, a, b, out, stream)
+                   : ga_cuda_conv2d_backward_data_direct(d, g, a, b, out, stream);
+    }
+    }
+    return SIM_STATUS("unknown operation");
+}
+
+/* conv.cu runs a capturing call only with a cuDNN plan its thread has
+ * ready (plans are kept per thread, whatever the stream): the problems
+ * each thread ran eagerly, as hashes of their device and key
+ * (kernels/conv_key.h, the key of conv.cu's plan cache). */
+typedef struct {
+    uint64_t thread, key;
+} conv_plan;
+static conv_plan *conv_plans;
+static size_t n_conv_plans, conv_plans_capacity;
+
+static uint64_t hash_bytes(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = (const unsigned char *)p;
+    for (size_t k = 0; k < n; k++) {
+        h ^= b[k];
+        h *= 1099511628211ull; /* FNV-1a */
+    }
+    return h;
+}
+
+static int conv_plan_ready(uint64_t key)
+{
+    uint64_t me = my_thread();
+    for (size_t k = 0; k < n_conv_plans; k++)
+        if (conv_plans[k].key == key && conv_plans[k].thread == me)
+            return 1;
+    return 0;
+}
+
+static void conv_plan_made(uint64_t key)
+{
+    if (conv_plan_ready(key))
+        return;
+    if (n_conv_plans == conv_plans_capacity) {
+        size_t capacity = conv_plans_capacity ? 2 * conv_plans_capacity : 64;
+        conv_plan *grown = realloc(conv_plans, capacity * sizeof *grown);
+        if (!grown)
+            return; /* not remembered: a later capture of it is refused, as without a plan */
+        conv_plans = grown;
+        conv_plans_capacity = capacity;
+    }
+    conv_plans[n_conv_plans++] = (conv_plan){my_thread(), key};
+}
+
+static ga_status refuse_conv_capture(const char *op)
+{
+    snprintf(capture_text, sizeof capture_text,
+             "%s: this shape has no cuDNN plan on this thread yet, and choosing one cannot run "
+             "inside a CUDA graph capture; run one step with the same shapes, dtypes and layouts "
+             "eagerly on this thread before capturing (a warm-up, as torch.cuda.graphs asks)",
+             op);
+    return capture_status(900, "cudaErrorStreamCaptureUnsupported", "cudaStreamIsCapturing");
+}
+
+/* An operation of `device` queued on `stream` that touches `ops` (a kernel
+ * of kernel_device, or a copy engine's: -1): run at once, after
+ * access_all's checks, or, on a captured stream, recorded into its graph.
+ * conv_key (0: none): a conv's problem, which a capture runs only with a
+ * plan (see conv_plans).  Called locked. */
+static ga_status submit(int device, ga_stream stream, const sim_op *op, const sim_operand *ops,
+                        int n, int kernel_device, uint64_t conv_key, const char *call)
 {
     sim_stream *s = NULL;
     GA_TRY_STATUS(resolve(device, stream, &s));
+    GA_TRY_STATUS(stream_usable(s, call));
+    if (s->capture) {
+        if (conv_key && !conv_plan_ready(conv_key))
+            return refuse_conv_capture(op->kind == OP_CONV_FORWARD ? "conv2d"
+                                       : op->u.conv_backward.filter
+                                           ? "conv2d_backward (weight gradient)"
+                                           : "conv2d_backward (input gradient)");
+        return capture_node(s, NODE_OP, op, ops, n, kernel_device, NULL);
+    }
     vclock v = queue_op(s);
-    return access_all(ops, n, &v, s, device);
+    GA_TRY_STATUS(access_all(ops, n, &v, s, kernel_device));
+    GA_TRY_STATUS(run_op(op, stream, &v));
+    if (conv_key)
+        conv_plan_made(conv_key);
+    return ga_ok();
+}
+
+ga_status ga_cuda_memcpy_async(int device, void *dst, const void *src, size_t size,
+                               ga_stream stream)
+{
+    sim_op op = {.kind = OP_MEMCPY, .device = device};
+    op.u.memcpy.dst = dst;
+    op.u.memcpy.src = src;
+    op.u.memcpy.size = size;
+    sim_operand ops[2] = {bytes_operand(src, size, 0), bytes_operand(dst, size, 1)};
+    pthread_mutex_lock(&sim_lock);
+    sim_stream *s = NULL;
+    ga_status status = size ? submit(device, stream, &op, ops, 2, -1, 0, "cudaMemcpyAsync")
+                            : resolve(device, stream, &s);
+    pthread_mutex_unlock(&sim_lock);
+    return status;
+}
+
+/* ------------------------------------------------------------- kernels */
+
+/* A kernel of `device` on `stream`: see submit. */
+static ga_status kernel(int device, ga_stream stream, const sim_op *op, const sim_operand *ops,
+                        int n, uint64_t conv_key)
+{
+    pthread_mutex_lock(&sim_lock);
+    ga_status status = submit(device, stream, op, ops, n, device, conv_key, "cudaLaunchKernel");
+    pthread_mutex_unlock(&sim_lock);
+    return status;
 }
 
 ga_status ga_cuda_copy(int device, const ga_tensor *dst, const ga_tensor *src, ga_stream stream)
 {
+    sim_op op = {.kind = OP_COPY, .device = device};
+    op.u.copy.dst = *dst;
+    op.u.copy.src = *src;
     sim_operand ops[2] = {tensor_operand(src, 0), tensor_operand(dst, 1)};
-    pthread_mutex_lock(&sim_lock);
-    ga_status status = launch(device, stream, ops, 2);
-    if (!status.error)
-        status = ga_sim_kernel_copy(device, dst, src, stream);
-    pthread_mutex_unlock(&sim_lock);
-    return status;
+    return kernel(device, stream, &op, ops, 2, 0);
 }
 
 ga_status ga_cuda_fill(int device, const ga_tensor *dst, ga_scalar value, ga_stream stream)
 {
+    sim_op op = {.kind = OP_FILL, .device = device};
+    op.u.fill.dst = *dst;
+    op.u.fill.value = value;
     sim_operand ops[1] = {tensor_operand(dst, 1)};
-    pthread_mutex_lock(&sim_lock);
-    ga_status status = launch(device, stream, ops, 1);
-    if (!status.error)
-        status = ga_sim_kernel_fill(device, dst, value, stream);
-    pthread_mutex_unlock(&sim_lock);
-    return status;
+    return kernel(device, stream, &op, ops, 1, 0);
 }
 
 /* The library calls run as gpuaccel's own kernels over the operands'
@@ -900,12 +1719,14 @@ ga_status ga_cuda_matmul(int device, const ga_matmul_desc *desc, void *workspace
         bytes_operand(d->a_row_sums, ga_dtype_itemsize(d->a_row_sums_dtype) * (size_t)d->a.rows, 1),
         bytes_operand(workspace, workspace_size, 1),
     };
+    sim_op op = {.kind = OP_MATMUL, .device = device};
+    op.u.matmul.desc = *desc;
+    op.u.matmul.workspace = workspace;
+    op.u.matmul.workspace_size = workspace_size;
+    ga_status status = ga_cuda_matmul_check(desc);
+    if (!status.error)
+        status = kernel(device, stream, &op, ops, (int)(sizeof ops / sizeof *ops), 0);
     pthread_mutex_lock(&sim_lock);
-    ga_status status = launch(device, stream, ops, (int)(sizeof ops / sizeof *ops));
-    if (!status.error)
-        status = ga_cuda_matmul_check(desc);
-    if (!status.error)
-        status = ga_cuda_matmul_unfused(device, desc, 0, workspace, workspace_size, stream);
     report->fallback = !status.error;
     report->cache_hit = matmul_calls++ > 0;
     sim_inject_fallback(report);
@@ -922,12 +1743,9 @@ ga_status ga_cuda_bias_activation(int device, const ga_bias_act_desc *desc, ga_s
         tensor_operand(&desc->preact, 1),
         bytes_operand(desc->bias, ga_dtype_itemsize(desc->bias_dtype) * (size_t)channels, 0),
     };
-    pthread_mutex_lock(&sim_lock);
-    ga_status status = launch(device, stream, ops, (int)(sizeof ops / sizeof *ops));
-    if (!status.error)
-        status = ga_sim_kernel_bias_activation(device, desc, stream);
-    pthread_mutex_unlock(&sim_lock);
-    return status;
+    sim_op op = {.kind = OP_BIAS_ACTIVATION, .device = device};
+    op.u.bias_act = *desc;
+    return kernel(device, stream, &op, ops, (int)(sizeof ops / sizeof *ops), 0);
 }
 
 size_t ga_cuda_activation_backward_workspace(const ga_act_backward_desc *desc)
@@ -947,12 +1765,9 @@ ga_status ga_cuda_activation_backward(int device, const ga_act_backward_desc *de
                       1),
         bytes_operand(desc->workspace, desc->workspace_size, 1),
     };
-    pthread_mutex_lock(&sim_lock);
-    ga_status status = launch(device, stream, ops, (int)(sizeof ops / sizeof *ops));
-    if (!status.error)
-        status = ga_sim_kernel_activation_backward(device, desc, stream);
-    pthread_mutex_unlock(&sim_lock);
-    return status;
+    sim_op op = {.kind = OP_ACTIVATION_BACKWARD, .device = device};
+    op.u.act_backward = *desc;
+    return kernel(device, stream, &op, ops, (int)(sizeof ops / sizeof *ops), 0);
 }
 
 /* cuDNN's plan cache, as csrc/ sees it through ga_conv_tuning (kernels.h):
@@ -992,14 +1807,34 @@ static void sim_tune_delay(void)
     }
 }
 
+static const char *const conv_op_names[3] = {"conv2d", "conv2d_backward (input gradient)",
+                                             "conv2d_backward (weight gradient)"};
+
+/* Whether `stream` of `device` is captured now (an unknown stream is
+ * left to the submission, which reports it). */
+static int stream_captured(int device, ga_stream stream)
+{
+    pthread_mutex_lock(&sim_lock);
+    sim_stream *s = NULL;
+    int captured = !resolve(device, stream, &s).error && s->capture;
+    pthread_mutex_unlock(&sim_lock);
+    return captured;
+}
+
 /* The plan-cache half of a conv call: 1 when the call is done (it came
- * back for setup), 0 when the direct kernels are to run; *status a failure. */
-static int conv_setup(int device, ga_conv_key_op op, const ga_conv_geometry *geom,
+ * back for setup), 0 when the direct kernels are to run; *status a failure.
+ * *capture_key: the problem's key for the capture check (see conv_plans),
+ * 0 when it has none (conv.cu then takes the direct kernels, which a
+ * capture may run).  As conv.cu, a search (a problem not met before) is
+ * refused inside a capture before it starts. */
+static int conv_setup(int device, ga_stream stream, ga_conv_key_op op, const ga_conv_geometry *geom,
                       const ga_tensor *x, const ga_tensor *w, const ga_tensor *y, const void *bias,
                       ga_activation act, const ga_tensor *preact, size_t workspace_size,
-                      const ga_tensor *out, ga_conv_tuning *tuning, ga_status *status)
+                      const ga_tensor *out, ga_conv_tuning *tuning, uint64_t *capture_key,
+                      ga_status *status)
 {
     *status = ga_ok();
+    *capture_key = 0;
     if (tuning) {
         tuning->needs_setup = 0;
         tuning->choice_cached = 0;
@@ -1014,6 +1849,9 @@ static int conv_setup(int device, ga_conv_key_op op, const ga_conv_geometry *geo
     if (numel == 0 ||
         !ga_conv_key(key, sizeof key, op, geom, x, w, y, bias, act, preact, workspace_size))
         return 0; /* nothing to key: the kernels check and run (or do nothing) */
+    uint64_t h = hash_bytes(14695981039346656037ull, &device, sizeof device);
+    h = hash_bytes(h, key, strlen(key));
+    *capture_key = h ? h : 1;
     int may_tune = !tuning || tuning->may_tune;
     pthread_mutex_lock(&sim_lock);
     int known = sim_plan_known(device, key);
@@ -1029,6 +1867,10 @@ static int conv_setup(int device, ga_conv_key_op op, const ga_conv_geometry *geo
         return 1;
     }
     int tuned = 0;
+    if (!known && stream_captured(device, stream)) {
+        *status = refuse_conv_capture(conv_op_names[op]);
+        return 1;
+    }
     if (!known) {
         sim_tune_delay(); /* the search, outside the lock as cuDNN's would be */
         tuned = !(tuning && tuning->preferred && strcmp(tuning->preferred, "sim") == 0);
@@ -1061,9 +1903,10 @@ ga_status ga_cuda_conv2d_forward(int device, const ga_conv_desc *desc, void *wor
                                  size_t workspace_size, ga_stream stream, ga_conv_tuning *tuning)
 {
     ga_status status;
-    if (conv_setup(device, GA_CONV_KEY_FWD, &desc->geom, &desc->x, &desc->w, &desc->y, desc->bias,
-                   desc->activation, &desc->preact, workspace ? workspace_size : 0, &desc->y,
-                   tuning, &status))
+    uint64_t key;
+    if (conv_setup(device, stream, GA_CONV_KEY_FWD, &desc->geom, &desc->x, &desc->w, &desc->y,
+                   desc->bias, desc->activation, &desc->preact, workspace ? workspace_size : 0,
+                   &desc->y, tuning, &key, &status))
         return status;
     sim_operand ops[] = {
         tensor_operand(&desc->x, 0),
@@ -1073,12 +1916,9 @@ ga_status ga_cuda_conv2d_forward(int device, const ga_conv_desc *desc, void *wor
         tensor_operand(&desc->preact, 1),
         bytes_operand(workspace, workspace_size, 1),
     };
-    pthread_mutex_lock(&sim_lock);
-    status = launch(device, stream, ops, (int)(sizeof ops / sizeof *ops));
-    if (!status.error)
-        status = ga_cuda_conv2d_forward_direct(device, desc, stream);
-    pthread_mutex_unlock(&sim_lock);
-    return status;
+    sim_op op = {.kind = OP_CONV_FORWARD, .device = device};
+    op.u.conv = *desc;
+    return kernel(device, stream, &op, ops, (int)(sizeof ops / sizeof *ops), key);
 }
 
 /* Both backward passes: `a` and `b` read, `out` written (dx from dy and w,
@@ -1090,18 +1930,20 @@ static ga_status conv_backward(int device, const ga_conv_geometry *geom, const g
 {
     const ga_tensor *x = filter ? a : out, *w = filter ? out : b, *y = filter ? b : a;
     ga_status status;
-    if (conv_setup(device, filter ? GA_CONV_KEY_BWD_FILTER : GA_CONV_KEY_BWD_DATA, geom, x, w, y,
-                   NULL, GA_ACT_NONE, NULL, workspace ? workspace_size : 0, out, tuning, &status))
+    uint64_t key;
+    if (conv_setup(device, stream, filter ? GA_CONV_KEY_BWD_FILTER : GA_CONV_KEY_BWD_DATA, geom, x,
+                   w, y, NULL, GA_ACT_NONE, NULL, workspace ? workspace_size : 0, out, tuning, &key,
+                   &status))
         return status;
     sim_operand ops[] = {tensor_operand(a, 0), tensor_operand(b, 0), tensor_operand(out, 1),
                          bytes_operand(workspace, workspace_size, 1)};
-    pthread_mutex_lock(&sim_lock);
-    status = launch(device, stream, ops, (int)(sizeof ops / sizeof *ops));
-    if (!status.error)
-        status = filter ? ga_cuda_conv2d_backward_filter_direct(device, geom, a, b, out, stream)
-                        : ga_cuda_conv2d_backward_data_direct(device, geom, a, b, out, stream);
-    pthread_mutex_unlock(&sim_lock);
-    return status;
+    sim_op op = {.kind = OP_CONV_BACKWARD, .device = device};
+    op.u.conv_backward.geom = *geom;
+    op.u.conv_backward.a = *a;
+    op.u.conv_backward.b = *b;
+    op.u.conv_backward.out = *out;
+    op.u.conv_backward.filter = filter;
+    return kernel(device, stream, &op, ops, (int)(sizeof ops / sizeof *ops), key);
 }
 
 ga_status ga_cuda_conv2d_backward_data(int device, const ga_conv_geometry *geom,
@@ -1137,12 +1979,9 @@ ga_status ga_cuda_normalize_images(int device, const ga_normalize_desc *desc, ga
     size_t n = (size_t)(desc->n * desc->h * desc->w * desc->c);
     sim_operand ops[] = {bytes_operand(desc->src, n, 0),
                          bytes_operand(desc->dst, n * ga_dtype_itemsize(desc->dtype), 1)};
-    pthread_mutex_lock(&sim_lock);
-    ga_status status = launch(device, stream, ops, 2);
-    if (!status.error)
-        status = ga_sim_kernel_normalize_images(device, desc, stream);
-    pthread_mutex_unlock(&sim_lock);
-    return status;
+    sim_op op = {.kind = OP_NORMALIZE, .device = device};
+    op.u.normalize = *desc;
+    return kernel(device, stream, &op, ops, 2, 0);
 }
 
 ga_status ga_cuda_logger_update(int device, const ga_logger_update *u, ga_stream stream)
@@ -1152,25 +1991,22 @@ ga_status ga_cuda_logger_update(int device, const ga_logger_update *u, ga_stream
     ops[0] = bytes_operand(u->state, ga_logger_state_bytes(u->capacity, u->max_metrics), 1);
     for (int k = 0; k < n; k++)
         ops[1 + k] = bytes_operand(u->value[k], ga_dtype_itemsize(u->dtype[k]), 0);
-    pthread_mutex_lock(&sim_lock);
-    ga_status status = launch(device, stream, ops, 1 + n);
-    if (!status.error)
-        status = ga_sim_kernel_logger_update(device, u, stream);
-    pthread_mutex_unlock(&sim_lock);
-    return status;
+    sim_op op = {.kind = OP_LOGGER_UPDATE, .device = device};
+    op.u.logger = *u;
+    return kernel(device, stream, &op, ops, 1 + n, 0);
 }
 
 ga_status ga_cuda_logger_reset_window(int device, void *state, int max_metrics, int64_t capacity,
                                       int64_t first_step, int64_t nsteps, ga_stream stream)
 {
     sim_operand ops[1] = {bytes_operand(state, ga_logger_state_bytes(capacity, max_metrics), 1)};
-    pthread_mutex_lock(&sim_lock);
-    ga_status status = launch(device, stream, ops, 1);
-    if (!status.error)
-        status = ga_sim_kernel_logger_reset_window(device, state, max_metrics, capacity, first_step,
-                                                   nsteps, stream);
-    pthread_mutex_unlock(&sim_lock);
-    return status;
+    sim_op op = {.kind = OP_LOGGER_RESET, .device = device};
+    op.u.reset.state = state;
+    op.u.reset.max_metrics = max_metrics;
+    op.u.reset.capacity = capacity;
+    op.u.reset.first_step = first_step;
+    op.u.reset.nsteps = nsteps;
+    return kernel(device, stream, &op, ops, 1, 0);
 }
 
 ga_status ga_cuda_resize_images(int device, const ga_resize_job *jobs, int n, ga_stream stream)
@@ -1182,11 +2018,9 @@ ga_status ga_cuda_resize_images(int device, const ga_resize_job *jobs, int n, ga
         size_t dst_bytes = (size_t)(job->g.out_h * job->g.out_w * 3);
         sim_operand ops[] = {bytes_operand(job->src, src_bytes, 0),
                              bytes_operand(job->dst, dst_bytes, 1)};
-        pthread_mutex_lock(&sim_lock);
-        status = launch(device, stream, ops, 2);
-        if (!status.error)
-            status = ga_sim_kernel_resize_images(device, job, 1, stream);
-        pthread_mutex_unlock(&sim_lock);
+        sim_op op = {.kind = OP_RESIZE, .device = device};
+        op.u.resize = *job;
+        status = kernel(device, stream, &op, ops, 2, 0);
     }
     return status;
 }
@@ -1252,7 +2086,20 @@ ga_status ga_cuda_decode_jpegs(ga_jpeg_decoder *d, int n, const uint8_t *const *
     for (int i = 0; i < n; i++) {
         sim_operand ops[] = {bytes_operand(dst[i], (size_t)(widths[i] * heights[i] * 3), 1)};
         pthread_mutex_lock(&sim_lock);
-        ga_status status = launch(d->device, stream, ops, 1);
+        sim_stream *s = NULL;
+        ga_status status = resolve(d->device, stream, &s);
+        if (!status.error)
+            status = stream_usable(s, "nvjpegDecodeBatched");
+        if (!status.error && s->capture)
+            /* it decodes on the host at the call, so a graph could not
+             * replay it; what nvJPEG does in a capture needs a GPU */
+            status = GA_STATUS(GA_ERR_NOT_SUPPORTED,
+                               "simulated CUDA: the simulator's nvJPEG stand-in cannot be "
+                               "captured into a CUDA graph");
+        if (!status.error) {
+            vclock v = queue_op(s);
+            status = access_all(ops, 1, &v, s, d->device);
+        }
         pthread_mutex_unlock(&sim_lock);
         if (status.error)
             return status;
