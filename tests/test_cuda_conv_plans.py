@@ -222,3 +222,40 @@ def test_a_channels_last_input_with_an_nchw_weight(rng, stride):
     for g, r, terms in zip(got, ref, (k * 9, n * y.shape[2] * y.shape[3], n * y.shape[2] * y.shape[3])):
         np.testing.assert_allclose(g.to("cpu").numpy(), r.numpy(), rtol=1e-5, atol=1e-5 * np.sqrt(terms))
     assert got[1].strides == (c * 9 * 4, 9 * 4, 3 * 4, 4)  # the weight gradient in the weight's own layout
+
+
+@pytest.mark.skipif(not simulated(), reason="the simulator's search is made to take a known time")
+def test_a_library_call_made_during_the_search_stays_ordered(rng, tuning_calls, monkeypatch):
+    """The device's one workspace is given back before the search lets other
+    threads run: a call another thread makes on its own stream meanwhile is
+    then the workspace's last use, which the next call on the searching
+    stream waits for (the simulator reports the unordered write otherwise)."""
+    x, w, b = new_shape(rng)
+    s1, s2 = ga.Stream(), ga.Stream()
+    xm = ga.asarray(rng.standard_normal((37, 19)).astype(np.float32), device="cuda")
+    wm = ga.asarray(rng.standard_normal((23, 19)).astype(np.float32), device="cuda")
+    with s1:
+        ga.conv2d(*new_shape(rng), padding=1)  # the workspace at its full size
+    ga.synchronize()
+    errors = []
+
+    def other():
+        try:
+            time.sleep(0.1)  # inside the search below
+            with s2:
+                ga.linear(xm, wm)  # cuBLASLt's workspace: the device's one
+        except (ga.CudaError, RuntimeError, ValueError) as e:  # reported below
+            errors.append(e)
+
+    monkeypatch.setenv("GPUACCEL_SIM_TUNE_SECONDS", "0.5")
+    thread = threading.Thread(target=other)
+    thread.start()
+    with s1:
+        ga.conv2d(x, w, b, padding=1)
+    thread.join()
+    monkeypatch.delenv("GPUACCEL_SIM_TUNE_SECONDS")
+    assert not errors, errors
+    with s1:
+        y = ga.linear(xm, wm)  # writes the workspace after s2's call
+    want = xm.to("cpu").numpy().astype(np.float64) @ wm.to("cpu").numpy().T.astype(np.float64)
+    np.testing.assert_allclose(y.to("cpu").numpy(), want, rtol=1e-4, atol=1e-4 * np.sqrt(19))
