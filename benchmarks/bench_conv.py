@@ -17,6 +17,12 @@ from gpuaccel import bench
 
 from common import machine, print_table
 
+# (batch, in channels, out channels, height = width, kernel): the 3x3 and
+# 1x1 convolutions of ResNet-50's four stages (tests/test_launch_shapes.py
+# checks every gpuaccel kernel's launch shape at these sizes)
+RESNET50_SHAPES = [(128, 64, 64, 56, 3), (128, 64, 256, 56, 1), (128, 128, 128, 28, 3), (128, 512, 128, 28, 1),
+                   (128, 256, 256, 14, 3), (128, 1024, 256, 14, 1), (128, 512, 512, 7, 3), (128, 2048, 512, 7, 1)]
+
 
 def main():
     parser = argparse.ArgumentParser()
@@ -27,10 +33,7 @@ def main():
     print(machine(), "-", bench.device_description(torch, device))
     shapes = None
     if device == "cuda":
-        # (batch, in channels, out channels, height = width, kernel): the 3x3
-        # and 1x1 convolutions of ResNet-50's four stages
-        shapes = [(128, 64, 64, 56, 3), (128, 64, 256, 56, 1), (128, 128, 128, 28, 3), (128, 512, 128, 28, 1),
-                  (128, 256, 256, 14, 3), (128, 1024, 256, 14, 1), (128, 512, 512, 7, 3), (128, 2048, 512, 7, 1)]
+        shapes = RESNET50_SHAPES
         if args.quick:
             shapes = shapes[:2]
     rows = bench.bench_conv(torch, device, full=not args.quick, shapes=shapes, compiled=not args.no_compile)

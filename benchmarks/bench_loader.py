@@ -62,6 +62,9 @@ import numpy as np
 from common import machine, print_table
 
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+# (image side, images, batch, batches timed) (tests/test_launch_shapes.py
+# checks the normalize kernel's launch shape at these sizes)
+LOADER_CASES = [(32, 50000, 256, 60), (224, 2048, 64, 20)]
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -177,7 +180,7 @@ def suite_dataloader(args):
     workers = len(os.sched_getaffinity(0))
     rows = []
     h2d = pinned_h2d_gbps() if args.device == "cuda" else None
-    for side, n, batch, batches in [(32, 50000, 256, 60), (224, 2048, 64, 20)]:
+    for side, n, batch, batches in LOADER_CASES:
         if args.quick:
             batches = max(5, batches // 4)
         path, labels = make_dataset(args.data, n, side)

@@ -28,6 +28,13 @@ from gpuaccel import bench
 from common import machine, print_table
 
 H100_PEAK = {"float16": 989.0, "bfloat16": 989.0, "tf32": 494.0}  # dense TFLOP/s, SXM
+# square matmuls, and (tokens, in features, out features, activation) of an
+# MLP's layers (tests/test_launch_shapes.py checks every gpuaccel kernel's
+# launch shape at these sizes)
+MATMUL_SIZES = (1024, 2048, 4096, 8192)
+LINEAR_SHAPES = [(4096, 4096, 16384, "gelu_tanh"), (4096, 4096, 16384, "gelu"), (4096, 16384, 4096, "gelu"),
+                 (8192, 4096, 16384, "gelu"), (8192, 16384, 4096, "gelu_tanh"), (4096, 4096, 16384, "silu"),
+                 (4096, 4096, 16384, "relu"), (8192, 16384, 4096, "relu")]
 
 
 def main():
@@ -39,7 +46,7 @@ def main():
     print(machine(), "-", bench.device_description(torch, device))
     sizes = None
     if device == "cuda" and not args.quick:
-        sizes = (1024, 2048, 4096, 8192)
+        sizes = MATMUL_SIZES
     rows = bench.bench_matmul(torch, device, full=not args.quick, sizes=sizes)
     on_h100 = device == "cuda" and "H100" in torch.cuda.get_device_name()
     print_table("matmul (%s)" % rows[0]["unit"], ["case", "gpuaccel", "torch", "ratio", "of H100 peak"],
@@ -48,9 +55,7 @@ def main():
                  for r in rows])
     shapes = None
     if device == "cuda":
-        shapes = [(4096, 4096, 16384, "gelu_tanh"), (4096, 4096, 16384, "gelu"), (4096, 16384, 4096, "gelu"),
-                  (8192, 4096, 16384, "gelu"), (8192, 16384, 4096, "gelu_tanh"), (4096, 4096, 16384, "silu"),
-                  (4096, 4096, 16384, "relu"), (8192, 16384, 4096, "relu")]
+        shapes = LINEAR_SHAPES
         if args.quick:
             shapes = shapes[:2]
     rows = bench.bench_linear(torch, device, full=True, shapes=shapes, compiled=not args.no_compile)

@@ -195,25 +195,9 @@ static int check_conv_shapes(const ga_tensor *x, const ga_tensor *w, const conv_
     return 0;
 }
 
-/* The tuning-file key of a cuDNN call, and the lookup/store through
- * gpuaccel._tuning (the JSON file lives on the Python side). */
-static void tuning_key(char *key, size_t size, const char *op, const ga_tensor *const *ts, int n,
-                       const ga_conv_geometry *g, const char *extra)
-{
-    int used = snprintf(key, size, "%s|%s|s%d,%d|p%d,%d|d%d,%d|g%d|tf32=%d|det=%d|%s", op,
-                        ga_dtype_name(ts[0]->dtype), g->stride[0], g->stride[1], g->padding[0],
-                        g->padding[1], g->dilation[0], g->dilation[1], g->groups, g->allow_tf32,
-                        g->deterministic, extra);
-    for (int k = 0; k < n && used > 0 && (size_t)used < size; k++) {
-        const ga_tensor *t = ts[k];
-        used +=
-            snprintf(key + used, size - (size_t)used, "|%lldx%lldx%lldx%lld:%lld,%lld,%lld,%lld",
-                     (long long)t->shape[0], (long long)t->shape[1], (long long)t->shape[2],
-                     (long long)t->shape[3], (long long)t->strides[0], (long long)t->strides[1],
-                     (long long)t->strides[2], (long long)t->strides[3]);
-    }
-}
-
+/* The tuning file's lookup and store, through gpuaccel._tuning (the JSON
+ * file lives on the Python side), under the key the backend gives
+ * (kernels/conv_key.h: the one its plan cache uses). */
 static PyObject *tuning_call(const char *fn, int device, const char *key, const char *value)
 {
     PyObject *mod = PyImport_ImportModule("gpuaccel._tuning");
@@ -228,44 +212,104 @@ static PyObject *tuning_call(const char *fn, int device, const char *key, const 
 typedef ga_status (*cuda_conv_fn)(void *ctx, void *ws, size_t ws_size, ga_stream s,
                                   ga_conv_tuning *tuning);
 
-/* Runs a cuDNN call with the persisted engine choice and persists a new
- * one; counts it in conv_stats(). */
-static int run_cuda_conv(ga_state *st, const char *op, int device, ga_stream s, const char *key,
-                         cuda_conv_fn fn, void *ctx)
+/* The second half of a call whose problem was not ready: the tuning file's
+ * choice (read only when this process has none for the key), then the
+ * search or this thread's plan — without the GIL, since a search
+ * finalizes (and may compile) and times plans for up to seconds.  Other
+ * threads may use the device's workspace meanwhile (and grow it, freeing
+ * the old one), so the search gets one of its own of the same size, freed
+ * in the stream's order after it, and `ws` is given back first (its last
+ * use must be the one recorded for the other threads' calls, not a stale
+ * one recorded after theirs); short of memory for it, or inside a capture
+ * (which the backend refuses to tune in, before using any), `ws` is used,
+ * holding the GIL. */
+static int setup_cuda_conv(ga_state *st, int device, ga_stream s, ga_workspace *ws, cuda_conv_fn fn,
+                           void *ctx, ga_conv_tuning *tuning, ga_status *status, int *from_file)
+{
+    PyObject *preferred = NULL;
+    tuning->may_tune = 1;
+    tuning->preferred = NULL;
+    if (!tuning->choice_cached) {
+        if (!(preferred = tuning_call("lookup", device, tuning->key, NULL)))
+            return -1;
+        tuning->preferred = preferred != Py_None ? PyUnicode_AsUTF8(preferred) : NULL;
+        if (!tuning->preferred)
+            PyErr_Clear(); /* a stored name that is not text: no preference */
+    }
+    size_t ws_size = ws->ptr ? ws->size : 0;
+    int capturing = 0;
+    ga_block *own = NULL;
+    if (ws->ptr && !ga_cuda_stream_capturing(s, &capturing).error && !capturing) {
+        if (!(own = ga_block_alloc(st, GA_MEM_DEVICE, device, ws_size, s))) {
+            if (!PyErr_ExceptionMatches(st->OutOfMemoryError)) {
+                Py_XDECREF(preferred);
+                return -1;
+            }
+            PyErr_Clear();
+        }
+    }
+    if (own && ga_workspace_put(st, ws) < 0) {
+        ga_block_free(own);
+        Py_XDECREF(preferred);
+        return -1;
+    }
+    if (own) {
+        Py_BEGIN_ALLOW_THREADS
+        *status = fn(ctx, own->ptr, ws_size, s, tuning);
+        Py_END_ALLOW_THREADS
+        ga_block_free(own);
+    } else {
+        *status = fn(ctx, ws->ptr, ws_size, s, tuning);
+    }
+    /* `preferred` was only read by the call: its text may go now */
+    *from_file = tuning->preferred != NULL;
+    tuning->preferred = NULL;
+    Py_XDECREF(preferred);
+    return 0;
+}
+
+/* Runs a cuDNN call; counts it in conv_stats().  Its first try may not
+ * tune: a plan-cache hit runs there, with no Python.  A miss comes back
+ * with the problem's key and is set up by setup_cuda_conv; a choice that
+ * call tuned is written to the tuning file. */
+static int run_cuda_conv(ga_state *st, const char *op, int device, ga_stream s, cuda_conv_fn fn,
+                         void *ctx)
 {
     ga_conv_tuning tuning;
-    memset(&tuning, 0, sizeof tuning);
-    PyObject *preferred = tuning_call("lookup", device, key, NULL);
-    if (!preferred)
-        return -1;
-    tuning.preferred = preferred != Py_None ? PyUnicode_AsUTF8(preferred) : NULL;
-    if (!tuning.preferred)
-        PyErr_Clear(); /* a stored name that is not text: no preference */
+    tuning.may_tune = 0;
+    tuning.preferred = NULL;
     ga_workspace ws;
     if (ga_workspace_get(st, device, s, conv_workspace_size(), &ws) < 0) {
         /* short of memory for the workspace: engines that need none, or
          * the direct kernels, still run */
-        if (!PyErr_ExceptionMatches(st->OutOfMemoryError)) {
-            Py_DECREF(preferred);
+        if (!PyErr_ExceptionMatches(st->OutOfMemoryError))
             return -1;
-        }
         PyErr_Clear();
         ws.size = 0;
     }
     ga_status status = fn(ctx, ws.ptr, ws.size, s, &tuning);
-    int reused = tuning.preferred && !tuning.report.tuned && !tuning.report.cache_hit;
     int had_workspace = ws.ptr != NULL;
-    Py_DECREF(preferred);
+    int from_file = 0;
+    if (!status.error && tuning.needs_setup &&
+        setup_cuda_conv(st, device, s, &ws, fn, ctx, &tuning, &status, &from_file) < 0) {
+        /* the setup's exception is the one to report */
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        if (ga_workspace_put(st, &ws) < 0)
+            PyErr_Clear();
+        PyErr_Restore(type, value, tb);
+        return -1;
+    }
     if (ga_workspace_put(st, &ws) < 0 && !status.error)
         return -1;
     if (status.error)
         return ga_raise(st, status);
-    conv_counts.tuning_reused += reused;
+    conv_counts.tuning_reused += from_file && !tuning.report.tuned && !tuning.report.cache_hit;
     ga_op_count(&conv_counts, op, 1, &tuning.report);
     /* a choice made without the workspace (short of memory) is not kept:
      * the file's key assumes the full budget */
-    if (tuning.report.tuned && tuning.chosen[0] && had_workspace) {
-        PyObject *r = tuning_call("store", device, key, tuning.chosen);
+    if (tuning.report.tuned && tuning.chosen[0] && tuning.key[0] && had_workspace) {
+        PyObject *r = tuning_call("store", device, tuning.key, tuning.chosen);
         if (!r)
             return -1;
         Py_DECREF(r);
@@ -349,15 +393,10 @@ static int run_conv2d_forward(ga_state *st, const ga_forward *f, const conv_args
         ga_op_count(&conv_counts, op->name, 0, NULL);
         return 0;
     }
-    char key[1024], extra[64];
-    const ga_tensor *ts[3] = {&ctx.desc.x, &ctx.desc.w, &ctx.desc.y};
-    snprintf(extra, sizeof extra, "fwd bias=%d act=%s preact=%d", f->bias != NULL,
-             ga_activation_name(f->act), f->z != NULL);
-    tuning_key(key, sizeof key, "conv2d", ts, 3, &ca->geom, extra);
     ctx.device = op->device.index;
     ArrayObject *touched[5] = {f->x_read, f->weight_read, f->bias, f->y, f->z};
     if (ga_op_prepare(st, op, touched, 5) < 0 ||
-        run_cuda_conv(st, "conv2d", ctx.device, op->stream, key, cuda_fwd, &ctx) < 0)
+        run_cuda_conv(st, "conv2d", ctx.device, op->stream, cuda_fwd, &ctx) < 0)
         return -1;
     return ga_op_record(st, op, touched, 5);
 }
@@ -523,24 +562,19 @@ static int run_conv2d_backward(ga_state *st, const ga_op *op, const ga_conv_geom
     ctx.desc.geom = *geom;
     ctx.device = op->device.index;
     ctx.dy = &t->dz;
-    char key[1024];
     if (ga_op_prepare(st, op, touched, 5) < 0)
         return -1;
     if (t->want_dx) {
         ctx.w = &t->w;
         ctx.dx = &t->dx;
-        const ga_tensor *ts[3] = {&t->dz, &t->w, &t->dx};
-        tuning_key(key, sizeof key, "conv2d", ts, 3, geom, "bwd_data");
-        if (run_cuda_conv(st, "conv2d_backward (input gradient)", ctx.device, op->stream, key,
+        if (run_cuda_conv(st, "conv2d_backward (input gradient)", ctx.device, op->stream,
                           cuda_bwd_data, &ctx) < 0)
             return -1;
     }
     if (t->want_dw) {
         ctx.x = &t->x;
         ctx.dw = &t->dw;
-        const ga_tensor *ts[3] = {&t->x, &t->dz, &t->dw};
-        tuning_key(key, sizeof key, "conv2d", ts, 3, geom, "bwd_filter");
-        if (run_cuda_conv(st, "conv2d_backward (weight gradient)", ctx.device, op->stream, key,
+        if (run_cuda_conv(st, "conv2d_backward (weight gradient)", ctx.device, op->stream,
                           cuda_bwd_filter, &ctx) < 0)
             return -1;
     }

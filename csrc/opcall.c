@@ -625,7 +625,21 @@ ArrayObject *ga_op_activation_grad(ga_state *st, const ga_op *op, ArrayObject *g
         ArrayObject *touched[4] = {grad, aux, dz, bias_grad};
         if (ga_op_prepare(st, op, touched, 4) < 0)
             goto error;
+        /* scratch for the bias gradient's partial sums (small: at most a
+         * few KiB per channel), freed in the stream's order after the
+         * kernels; short of memory for it, the sums take one pass */
+        ga_block *scratch = NULL;
+        size_t need = ga_cuda_activation_backward_workspace(&d);
+        if (need &&
+            !(scratch = ga_block_alloc(st, GA_MEM_DEVICE, grad->device.index, need, op->stream))) {
+            if (!PyErr_ExceptionMatches(st->OutOfMemoryError))
+                goto error;
+            PyErr_Clear();
+        }
+        d.workspace = scratch ? scratch->ptr : NULL;
+        d.workspace_size = scratch ? need : 0;
         status = ga_cuda_activation_backward(grad->device.index, &d, op->stream);
+        ga_block_free(scratch);
         if (!status.error && ga_op_record(st, op, touched, 4) < 0)
             goto error;
     }

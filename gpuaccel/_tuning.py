@@ -2,8 +2,10 @@
 processes): a small JSON file under $GPUACCEL_CACHE_DIR (default
 ~/.cache/gpuaccel), one entry per GPU model, cuDNN version and call shape.
 
-csrc/conv.c looks a choice up before each cuDNN call and stores the one a
-tuning call picked.  A corrupt or unreadable file is ignored with a warning
+csrc/conv.c looks a choice up when the process has none for a call's shape
+(the backend's plan cache missed, and hands back its key, kernels/conv_key.h:
+one key for both) and stores the one the search picked; a plan-cache hit
+reads nothing here.  A corrupt or unreadable file is ignored with a warning
 and rewritten.  Processes that tune at once (the ranks of a DDP job) merge
 their entries: each write re-reads the file under a lock file, adds its own
 entries, and replaces the file atomically.

@@ -111,6 +111,7 @@
     X(KERNEL, ga_status, activation_backward,                                                      \
       (int device, const ga_act_backward_desc *desc, ga_stream stream),                            \
       return GA_NO_CUDA)                                                                           \
+    X(KERNEL, size_t, activation_backward_workspace, (const ga_act_backward_desc *desc), return 0) \
     X(KERNEL, ga_status, normalize_images,                                                         \
       (int device, const ga_normalize_desc *desc, ga_stream stream),                               \
       return GA_NO_CUDA)                                                                           \

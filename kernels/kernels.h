@@ -35,8 +35,10 @@
  *      use it;
  *   9. tests/ops.py: one registry entry (sample inputs, references, dtypes),
  *      which the suites draw from; tests/cudacpu/driver.cpp to run its CUDA
- *      kernels on the CPU (tests/test_kernels_on_cpu.py); tests/README.md
- *      maps sources to tests;
+ *      kernels on the CPU (tests/test_kernels_on_cpu.py), with GA_TRIP() in
+ *      every loop that grows with the problem and a case at the benchmark's
+ *      sizes in tests/test_launch_shapes.py; tests/README.md maps sources
+ *      to tests;
  *  10. benchmarks/: side by side with torch.
  * An activation is added in ga_activation and ga_activation_name below,
  * activation.h (formula and derivative, one source for both backends),
@@ -464,7 +466,10 @@ typedef struct {
  * <- sum of dz over every dim but channel_dim, in a fixed order
  * (deterministic whatever the thread count), accumulated in float32
  * (float64 for float64).  For relu, aux may be z or y = relu(z) (their
- * signs agree). */
+ * signs agree).  workspace (CUDA; NULL for none): device scratch for the
+ * bias gradient's partial sums, at least
+ * ga_cuda_activation_backward_workspace(desc) bytes to split each
+ * channel's sum across the GPU; with less, one pass per channel. */
 typedef struct {
     ga_tensor grad_y;
     ga_tensor aux;
@@ -473,6 +478,8 @@ typedef struct {
     void *bias_grad;
     ga_dtype bias_grad_dtype;
     int channel_dim;
+    void *workspace;
+    size_t workspace_size;
 } ga_act_backward_desc;
 
 ga_status ga_cpu_bias_activation(const ga_bias_act_desc *desc);
@@ -480,6 +487,9 @@ ga_status ga_cpu_activation_backward(const ga_act_backward_desc *desc);
 ga_status ga_cuda_bias_activation(int device, const ga_bias_act_desc *desc, ga_stream stream);
 ga_status ga_cuda_activation_backward(int device, const ga_act_backward_desc *desc,
                                       ga_stream stream);
+/* The workspace bytes ga_cuda_activation_backward splits this call's bias
+ * gradient with (0: it needs none). */
+size_t ga_cuda_activation_backward_workspace(const ga_act_backward_desc *desc);
 
 /* ================================================================ conv2d */
 
@@ -505,10 +515,24 @@ typedef struct {
 } ga_conv_desc;
 
 /* The per-shape engine choice of cuDNN, persisted by gpuaccel between
- * processes: `preferred` (in) is a choice read back from the tuning file,
- * `chosen` (out) the one used, to be written there. */
+ * processes, and the protocol that keeps a call cheap once its shape is
+ * known.  A call with may_tune 0 runs only when its problem is ready (a
+ * plan-cache hit with a plan for the calling thread): every call after
+ * the first, with no Python and nothing else to pay.  Otherwise it runs
+ * nothing and sets needs_setup and key (kernels/conv_key.h, the plan
+ * cache's key and the tuning file's), with choice_cached 0 when this
+ * process has no engine choice for the key: the only time the caller reads
+ * the tuning file.  The caller then calls again with may_tune 1 and
+ * `preferred` (the file's choice, or NULL) — without the GIL, since a
+ * search may take seconds.  `chosen` (out) is the choice used, to be
+ * written to the file when report.tuned.  A NULL tuning may tune. */
+#define GA_CONV_KEY_MAX 1024
 typedef struct {
-    const char *preferred;
+    int may_tune;          /* in */
+    const char *preferred; /* in: may_tune calls */
+    int needs_setup;       /* out: nothing ran; call again with may_tune 1 */
+    int choice_cached;     /* out, with needs_setup: this process has a choice for key */
+    char key[GA_CONV_KEY_MAX];
     char chosen[256];
     ga_op_report report;
 } ga_conv_tuning;

@@ -30,6 +30,7 @@ import subprocess
 import sys
 import sysconfig
 
+import numpy as np
 import pytest
 
 from helpers import build_native, tool_env
@@ -105,7 +106,8 @@ elif not CXX:
 def _inputs():
     """Every file the probe is built from."""
     files = [os.path.join(PROBE_DIR, f) for f in PROBE_SOURCES + ["probe.h"]]
-    for pattern in ("kernels/*.h", "kernels/cuda/*.cu", "kernels/cuda/*.cuh", "kernels/cuda/*.h"):
+    for pattern in ("kernels/*.h", "kernels/conv_key.c", "kernels/cuda/*.cu", "kernels/cuda/*.cuh",
+                    "kernels/cuda/*.h"):
         files += sorted(glob.glob(os.path.join(ROOT, pattern)))
     return files
 
@@ -220,9 +222,13 @@ def packed_strides(dims, nhwc):
 
 
 class ConvCase:
-    def __init__(self, name, dtype, layout, op, geometry, bias=False, act="none", preact=False):
+    def __init__(self, name, dtype, layout, op, geometry, bias=False, act="none", preact=False, other_layout=(),
+                 workspace=True):
+        """other_layout: roles whose memory has the other layout (a weight left
+        in NCHW beside channels-last activations)."""
         self.name, self.dtype, self.op = name, dtype, op
         self.nhwc = layout == "nhwc"
+        self.other_layout, self.workspace = set(other_layout), workspace
         n, c, h, w, k, r, s, self.stride, self.padding, self.dilation, self.groups = geometry
         p, q = conv_out_hw((h, w), (r, s), self.stride, self.padding, self.dilation)
         self.dims = {"x": [n, c, h, w], "w": [k, c // self.groups, r, s], "y": [n, k, p, q]}
@@ -234,14 +240,15 @@ class ConvCase:
         size = ITEMSIZE[self.dtype]
 
         def spec(role):
-            strides = [s * size for s in packed_strides(self.dims[role], self.nhwc)]
+            strides = [s * size for s in packed_strides(self.dims[role], self.nhwc != (role in self.other_layout))]
             return "%s=%#x:%s:%s" % (role, POINTER[role], ",".join(map(str, self.dims[role])),
                                      ",".join(map(str, strides)))
 
         words = ["probe=conv", "id=" + self.name, "dtype=" + self.dtype, "op=" + self.op, spec("x"), spec("w"),
                  spec("y"), "stride=%d,%d" % self.stride, "padding=%d,%d" % self.padding,
-                 "dilation=%d,%d" % self.dilation, "groups=%d" % self.groups, "act=" + self.act,
-                 "ws=%#x" % POINTER["ws"], "ws_size=%d" % WORKSPACE]
+                 "dilation=%d,%d" % self.dilation, "groups=%d" % self.groups, "act=" + self.act]
+        if self.workspace:
+            words += ["ws=%#x" % POINTER["ws"], "ws_size=%d" % WORKSPACE]
         if self.bias:
             words.append("bias=%#x" % POINTER["bias"])
         if self.preact:
@@ -469,6 +476,15 @@ def check_conv_graph(case, g, kind):
     assert dict(zip(uids, pointers)) == pointer_of, "the variant pack pairs an id with another tensor's data"
     assert g.value(vp, "CUDNN_ATTR_VARIANT_PACK_WORKSPACE", "CUDNN_TYPE_VOID_PTR", 1) == [POINTER["ws"]]
 
+    # the plan's variant packs: a finalized pack takes no new pointers, so a
+    # call whose pointers repeat an earlier one's (of the last four) reuses
+    # its pack, and any other call makes one (pointers moved by 0, 0, 1, 0, 2,
+    # 3, 4, 0 MiB: the last has been evicted by then)
+    cache = g.reply["pack_cache"]
+    assert cache["status"] is None, cache
+    assert [c["made"] for c in cache["calls"]] == [1, 1, 2, 2, 3, 4, 5, 6], cache
+    assert all(c["holds"] for c in cache["calls"]), cache
+
 
 def engine_report(versions, rows):
     lines = ["", "cuDNN %d (built against %d), heuristics mode A with no GPU: engine configs offered per graph"
@@ -524,6 +540,58 @@ def test_conv_graphs_describe_the_convolution(conv_replies, cudnn_enums, capsys)
             assert split >= 10 and split > 4 * offered[case.name, "fused"], (case.name, offered)
         if case.act == "sigmoid" and not case.preact:
             assert offered[case.name, "fused"] >= split, (case.name, offered)
+
+
+def real_tensors(graph, e):
+    """uid -> strides of the real tensors of a graph, as cuDNN reads them back."""
+    out = {}
+    for d in graph["descriptors"]:
+        if d["type"] == e["CUDNN_BACKEND_TENSOR_DESCRIPTOR"] and not d["readback"]["virtual"]:
+            out[d["readback"]["uid"]] = d["readback"]["strides"]
+    return out
+
+
+@pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
+def test_a_tensor_in_the_other_layout_reaches_cudnn_in_the_graphs_layout(cudnn_enums, capsys):
+    """A channels-last input with its weight still NCHW (torch's channels_last
+    models pass such calls; torch converts the weight): the weight (or weight
+    gradient) goes to cuDNN as a packed copy at the front of the workspace, in
+    the layout of the rest, and cuDNN's workspace starts after it.  Without a
+    workspace the mix is described as it is."""
+    geometry = (2, 16, 9, 7, 24, 3, 3, (1, 1), (1, 1), (1, 1), 1)
+    uid = {"x": 1, "w": 2, "y": 3}
+    cases = []
+    for op in ("fwd", "bwd_data", "bwd_filter"):
+        for layout in ("nhwc", "nchw"):
+            for ws in (True, False):
+                cases.append(ConvCase("mixed-%s-%s%s" % (op, layout, "" if ws else "-nows"), "bfloat16", layout, op,
+                                      geometry, other_layout={"w"}, workspace=ws))
+    versions, replies = run_probe([c.line() for c in cases])
+    rows = []
+    for case, reply in zip(cases, replies):
+        assert reply["eligible"] and reply["nhwc"] == case.nhwc, (case.name, reply)
+        (graph,) = reply["graphs"]
+        assert graph["status"] is None, (case.name, graph["status"])
+        strides = real_tensors(graph, cudnn_enums)
+        pack = Graph(graph["variant_pack"], cudnn_enums)
+        (vp,) = pack.descs.values()
+        pointers = dict(zip(pack.value(vp, "CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS", "CUDNN_TYPE_INT64"),
+                            pack.value(vp, "CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS", "CUDNN_TYPE_VOID_PTR")))
+        workspace = pack.value(vp, "CUDNN_ATTR_VARIANT_PACK_WORKSPACE", "CUDNN_TYPE_VOID_PTR", 1)[0]
+        staged_bytes = -(-2 * int(np.prod(case.dims["w"])) // 256) * 256
+        for role, u in uid.items():
+            as_given = case.nhwc != (role in case.other_layout)
+            want_nhwc = case.nhwc if case.workspace else as_given
+            assert strides[u] == packed_strides(case.dims[role], want_nhwc), (case.name, role, strides[u])
+        if case.workspace:
+            assert pointers[uid["w"]] == POINTER["ws"], (case.name, pointers)
+            assert workspace == POINTER["ws"] + staged_bytes, (case.name, workspace)
+        else:
+            assert pointers[uid["w"]] == POINTER["w"] and workspace == 0, (case.name, pointers, workspace)
+        assert pointers[uid["x"]] == POINTER["x"] and pointers[uid["y"]] == POINTER["y"]
+        rows.append((case.name, "conv", graph["heuristics_a"]))
+    with capsys.disabled():
+        print(engine_report(versions, rows))
 
 
 @pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
@@ -674,6 +742,24 @@ def check_matmul(case, reply, e):
     check_split(case, reply, e, case.dtype)
 
 
+def check_desc_lease(reply):
+    """A plan's matmul descriptor is made once: a later call takes it back
+    with only the pointers it carries set anew (bias, aux); a call that
+    overlaps another makes a second one."""
+    call = reply["fused_call"] if reply["fused"] else reply["plain_call"]
+    lease = call["lease"]
+    assert lease["first_status"] is None and lease["second_status"] is None, lease
+    assert lease["first"] == call["desc"], "a pooled descriptor is not the one make_matmul_desc makes"
+    moved = dict(call["desc"])
+    for key in ("bias_pointer", "aux_pointer"):
+        if isinstance(moved.get(key), int) and moved[key]:
+            moved[key] += 0x100
+    assert lease["second"] == moved, (lease["second"], moved)
+    assert lease["made_one_at_a_time"] == 1
+    assert lease["overlap_status"] is None and lease["overlap_distinct"]
+    assert lease["made_overlapping"] == 2 and lease["pooled"] == 2
+
+
 @pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
 def test_matmul_descriptors_describe_the_gemm(lt_enums):
     versions, replies = run_probe([c.line() for c in MATMUL_CASES])
@@ -681,6 +767,7 @@ def test_matmul_descriptors_describe_the_gemm(lt_enums):
     for case, reply in zip(MATMUL_CASES, replies):
         try:
             check_matmul(case, reply, lt_enums)
+            check_desc_lease(reply)
         except AssertionError as err:
             failures.append("%s: %s" % (case.name, err))
     assert not failures, "\n".join(failures[:20]) + ("\n... %d in all" % len(failures))
@@ -797,33 +884,52 @@ def check_split(case, reply, e, dtype):
     assert what in reply["split_why"] and "split route" in reply["split_why"], reply["split_why"]
 
 
-# (statuses met in one search, floor, the reason reported, the status kept):
-# cuDNN's status families become conv.cu's fallback reasons, and a search
-# reports the most severe refusal it met, never less than its floor (a fused
-# graph without an engine is not_supported, the conv alone without one
-# no_engine)
+# (refusals one graph's search met, floor, the reason reported, the status
+# kept): "c<status>" an engine config refused (-1: plans that finalized but
+# none ran), "f" a config gpuaccel's rules excluded, "w<status>" the graph or
+# a heuristic mode refused as a whole.  cuDNN's status families become
+# conv.cu's fallback reasons; a graph's reason is the least severe of its
+# configs' refusals — one stray status among many configs does not become
+# the shape's reason for every call — and only without any config the
+# most severe whole-graph refusal; never less than the floor (a fused graph
+# without an engine is not_supported, the conv alone without one no_engine)
 REFUSALS = [
-    ([3000], "GA_FALLBACK_NONE", "GA_FALLBACK_NOT_SUPPORTED", 3000),
-    ([3007, 2002], "GA_FALLBACK_NONE", "GA_FALLBACK_BAD_PARAM", 2002),
-    ([2000, 4001, 3000], "GA_FALLBACK_NONE", "GA_FALLBACK_COMPILATION", 4001),
-    ([1008, 2000], "GA_FALLBACK_NONE", "GA_FALLBACK_SUBLIBRARY", 1008),
-    ([-1], "GA_FALLBACK_NONE", "GA_FALLBACK_EXECUTION", -1),
-    ([0], "GA_FALLBACK_NONE", "GA_FALLBACK_NOT_SUPPORTED", 0),
-    ([3000], "GA_FALLBACK_NO_ENGINE", "GA_FALLBACK_NO_ENGINE", 3000),
-    ([3000, 2000], "GA_FALLBACK_NO_ENGINE", "GA_FALLBACK_BAD_PARAM", 2000),
+    (["c3000"], "GA_FALLBACK_NONE", "GA_FALLBACK_NOT_SUPPORTED", 3000),
+    (["c3007", "c2002"], "GA_FALLBACK_NONE", "GA_FALLBACK_NOT_SUPPORTED", 3007),
+    (["c2002", "c2002"], "GA_FALLBACK_NONE", "GA_FALLBACK_BAD_PARAM", 2002),
+    (["c2000", "c4001", "c3000"], "GA_FALLBACK_NONE", "GA_FALLBACK_NOT_SUPPORTED", 3000),
+    (["c4001", "c4001"], "GA_FALLBACK_NONE", "GA_FALLBACK_COMPILATION", 4001),
+    (["c1008", "c2000"], "GA_FALLBACK_NONE", "GA_FALLBACK_BAD_PARAM", 2000),
+    (["c1008"], "GA_FALLBACK_NONE", "GA_FALLBACK_SUBLIBRARY", 1008),
+    (["c-1"], "GA_FALLBACK_NONE", "GA_FALLBACK_EXECUTION", -1),
+    (["c-1", "c3000"], "GA_FALLBACK_NONE", "GA_FALLBACK_NOT_SUPPORTED", 3000),
+    (["f", "c2000"], "GA_FALLBACK_NONE", "GA_FALLBACK_NOT_SUPPORTED", 0),
+    (["w0"], "GA_FALLBACK_NONE", "GA_FALLBACK_NOT_SUPPORTED", 0),
+    (["w3000", "w2000"], "GA_FALLBACK_NONE", "GA_FALLBACK_BAD_PARAM", 2000),
+    (["w2000", "c3000", "w1008"], "GA_FALLBACK_NONE", "GA_FALLBACK_NOT_SUPPORTED", 3000),
+    (["c3000"], "GA_FALLBACK_NO_ENGINE", "GA_FALLBACK_NO_ENGINE", 3000),
+    (["c3000", "c2000"], "GA_FALLBACK_NO_ENGINE", "GA_FALLBACK_NO_ENGINE", 3000),
+    (["c2000", "c2000"], "GA_FALLBACK_NO_ENGINE", "GA_FALLBACK_BAD_PARAM", 2000),
     ([], "GA_FALLBACK_NONE", "GA_FALLBACK_NONE", 0),
+    ([], "GA_FALLBACK_NO_ENGINE", "GA_FALLBACK_NONE", 0),
 ]
 
 
 @pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
-def test_cudnn_refusals_become_fallback_reasons(reasons):
-    lines = ["probe=cudnn_refusal id=r%d statuses=%s floor=%d" % (i, ",".join(map(str, st)), reasons[floor])
-             for i, (st, floor, _, _) in enumerate(REFUSALS)]
+def test_a_graphs_refusals_add_up_to_the_reason_all_its_configs_share(reasons):
+    lines = ["probe=cudnn_refusal id=r%d refusals=%s floor=%d" % (i, ",".join(rs), reasons[floor])
+             for i, (rs, floor, _, _) in enumerate(REFUSALS)]
     _, replies = run_probe(lines)
-    for (statuses, _, want, status), reply in zip(REFUSALS, replies):
-        assert (reply["reason"], reply["status"]) == (reasons[want], status), (statuses, reply)
-        if statuses:
-            assert reply["text"] == "STATUS at call: refusal %d" % statuses.index(status)
+    for (refusals, _, want, status), reply in zip(REFUSALS, replies):
+        assert (reply["reason"], reply["status"]) == (reasons[want], status), (refusals, reply)
+        if not refusals:
+            continue
+        configs = [r for r in refusals if r[0] in "cf"]
+        # the text of the refusal kept (each is "refusal <index>"), with how many configs were refused
+        kept = [i for i, r in enumerate(refusals) if (r[0] in "cf") == bool(configs)
+                and (r == "f" and status == 0 or r[1:] == str(status))][0]
+        assert reply["text"].endswith("refusal %d" % kept), (refusals, reply)
+        assert ("every engine config tried (%d)" % len(configs) in reply["text"]) == (len(configs) > 1), reply
 
 
 @pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
@@ -844,6 +950,9 @@ def test_a_capturing_call_of_a_cold_problem_is_refused_before_any_setup():
         # (without a device no handle can be taken at all: the status above is what
         # shows the refusal came first — a later one would be cudnnCreate's)
         assert reply["run_cache_lookups"] == 1 and reply["run_took_handle"] is False
+        # the first try, which may not tune, came back with the key for the tuning file
+        assert reply["run_needs_setup"] and not reply["run_choice_cached"]
+        assert reply["run_key"].startswith("conv2d.v2 " + case.op + " " + case.dtype + " "), reply["run_key"]
 
 
 @pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
@@ -858,16 +967,38 @@ def test_a_problem_cached_as_direct_runs_without_cudnn_even_when_capturing():
         # the probe's stand-in for the direct kernels answered: nothing failed before them
         assert st is not None and st["call"] == "ga_conv_direct", (case.name, st)
         assert reply["run_cache_lookups"] == 0 and reply["run_took_handle"] is False
+        assert not reply["run_needs_setup"] and reply["run_key"] == ""  # a hit: nothing to set up
+
+
+# (deterministic, yield, routes, seconds per finalization) -> (finalizations per
+# route, elapsed seconds): one budget for a shape, across its routes (the last
+# the conv alone, whose failure leaves the direct kernels)
+BUDGETS = [
+    ((0, 1, 1, 0.0), ([6], 0.0)),             # timed: 6 plans, then stop
+    ((1, 1, 1, 0.0), ([2], 0.0)),             # deterministic: the first 2 that finalize
+    ((0, 1, 3, 0.0), ([6], 0.0)),             # the fused graph found its plans: no other route
+    ((0, 0, 1, 0.0), ([12], 0.0)),            # nothing finalizes: 12 in all
+    ((0, 0, 3, 0.0), ([8, 0, 4], 0.0)),       # the earlier routes leave the last resort its 4
+    ((1, 0, 2, 0.0), ([8, 4], 0.0)),
+    ((0, 0, 3, 0.3), ([4, 0, 3], 2.1)),       # the earlier routes stop at 1 s, the last at 2 s
+    ((0, 0, 2, 0.7), ([2, 1], 2.1)),          # a deadline even while no plan is in hand
+    ((0, 0, 3, 5.0), ([1, 0, 1], 10.0)),      # past every deadline: the last resort still gets one
+]
 
 
 @pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
-def test_a_search_is_bounded_across_both_heuristic_modes():
-    # first-call latency: a search finalizes (and may compile) at most 12 configs in all,
-    # stops at the plans it can use (6 timed; 2 when deterministic, untimed)
-    lines = ["probe=search_budget id=b%d deterministic=%d yield=%d" % (i, det, y)
-             for i, (det, y) in enumerate([(0, 1), (1, 1), (0, 0), (1, 0)])]
+def test_a_shapes_search_has_one_budget_and_always_a_deadline():
+    # first-call latency: a shape's search finalizes (and may compile) at most
+    # 12 configs in all, stops at the plans it can use (6 timed; 2 when
+    # deterministic, untimed), starts no finalization after its deadline, and
+    # the routes tried first cannot starve the conv alone (the direct kernels'
+    # far slower route is the only thing after it)
+    lines = ["probe=search_budget id=b%d deterministic=%d yield=%d routes=%d seconds=%r" % ((i,) + case)
+             for i, (case, _) in enumerate(BUDGETS)]
     _, replies = run_probe(lines)
-    assert [(r["finalizations"], r["plans"]) for r in replies] == [(6, 6), (2, 2), (12, 0), (12, 0)]
+    for (case, (made, elapsed)), reply in zip(BUDGETS, replies):
+        assert reply["finalizations"] == made, (case, reply)
+        assert reply["elapsed"] == pytest.approx(elapsed), (case, reply)
 
 
 @pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")

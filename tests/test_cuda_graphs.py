@@ -268,6 +268,52 @@ def test_arrays_inside_a_capture(rng):
     assert out[:2] == ["freed after the capture True", "ok (64,)"]
 
 
+@sim_only
+def test_a_conv_without_a_plan_is_refused_before_its_search(rng, tmp_path):
+    # a capturing conv needs the plan its thread made eagerly: without one
+    # it fails before anything reaches the stream (the capture stays valid)
+    # and before any search, so the eager warm-up after it is the call that
+    # searches (a miss, not a hit) and the capture after that runs the plan
+    out = run_child("""
+        img, k, kb = values(2, 3, 9, 10), values(4, 3, 3, 3), values(4)
+        xi, ki, bi = (ga.asarray(v, device="cuda") for v in (img, k, kb))
+        zi = ga.empty((2, 4, 7, 8), device="cuda")
+        B = ga.Stream()
+        B.wait_stream(legacy)
+        g = ga.Graph()
+        g.capture_begin(B)
+        with B:
+            try:
+                ga.conv2d(xi, ki, bi, out=zi)
+            except ga.CudaError as e:
+                print("refused", e.name, "eagerly on this thread" in str(e))
+        g.capture_end()
+        print("capture ended")
+        stats = ga.conv_stats()
+        print("cache", stats["plan_cache_hits"], stats["plan_cache_misses"])
+        with B:
+            ga.conv2d(xi, ki, bi, out=zi)   # the warm-up
+        legacy.wait_stream(B)
+        stats = ga.conv_stats()
+        print("cache", stats["plan_cache_hits"], stats["plan_cache_misses"])
+        g2 = ga.Graph()
+        g2.capture_begin(B)
+        with B:
+            ga.conv2d(xi, ki, bi, out=zi)
+        g2.capture_end()
+        img2 = values(2, 3, 9, 10)
+        fill(xi, img2)
+        B.wait_stream(legacy)
+        g2.replay(B)
+        legacy.wait_stream(B)
+        close(zi, conv_ref(img2, k, kb))
+        stats = ga.conv_stats()
+        print("cache", stats["plan_cache_hits"], stats["plan_cache_misses"])
+    """, rng, env={"GPUACCEL_CACHE_DIR": str(tmp_path)})
+    assert out[:5] == ["refused cudaErrorStreamCaptureUnsupported True", "capture ended", "cache 0 1",
+                       "cache 0 2", "cache 1 2"]
+
+
 ILLEGAL = {
     # what a capture forbids: the call fails with CUDA's error, and the
     # capture is invalidated (capture_end fails)

@@ -176,6 +176,18 @@ class GaDeviceGuard
     CUDACPU_LAUNCH(grid, block, shared_bytes, stream, __VA_ARGS__)
 #endif
 
+/* Marks one iteration of a loop whose trip count grows with the problem
+ * (a grid-stride loop, a reduction's walk, a convolution's sums): nothing
+ * on a GPU; under kernels/cudacpu it counts the iteration for the CUDA
+ * thread that makes it, so that a test sees each kernel's serial work per
+ * thread at a given launch shape (tests/test_launch_shapes.py, which also
+ * checks that every such loop carries the mark). */
+#ifdef GPUACCEL_CUDACPU_H
+#define GA_TRIP() ::cudacpu::count_trip()
+#else
+#define GA_TRIP() ((void)0)
+#endif
+
 static inline cudaStream_t ga_cu_stream(ga_stream s)
 {
     return (cudaStream_t)s;

@@ -32,9 +32,18 @@
  *            slow, but correct for every stride pattern, group count and
  *            float dtype.
  * The route and engine that worked are cached per problem (plan_cache.h),
- * failures included, so a problem pays for the search once per process.
- * Why a problem did not get its fused graph is cached with it and
- * reported on every call (ga_op_report.reason, see kernels.h).
+ * failures included, so a problem pays for the search once per process;
+ * the cache's key is kernels/conv_key.h's, which csrc/ also reads and
+ * writes the tuning file under (kernels.h's ga_conv_tuning: a call that
+ * may not tune runs a ready plan or comes back for setup, which the caller
+ * then runs without the GIL).  Why a problem did not get its fused graph
+ * — what every engine config of the graphs tried before the route taken
+ * met — is cached with it and reported on every call (ga_op_report.reason,
+ * see kernels.h).
+ *
+ * A tensor whose strides show the other layout than the rest (an NCHW
+ * weight beside channels-last activations) reaches cuDNN as a packed copy
+ * in the workspace (see Staged).
  *
  * CUDA graph capture: a capturing call runs a plan this thread has ready,
  * or the direct kernels; it never tunes (heuristics, finalization, trial
@@ -75,6 +84,7 @@
 
 #include "../activation.h"
 #include "../check.h"
+#include "../conv_key.h"
 #include "common.cuh"
 #include "conv_direct.cuh"
 #include "cudnn_graph.cuh"
@@ -107,6 +117,27 @@ struct View {
     int vote = 0;                      /* +1 channels-last, -1 channels-first, 0 either */
 };
 
+/* A tensor whose strides describe the other layout than the graph's (a
+ * channels-last input with a weight still in NCHW, as a torch model made
+ * channels_last hands them): the graph gets a packed copy in its own
+ * layout, in the workspace — copied in before cuDNN reads it (an input),
+ * or out after cuDNN wrote it (an output) — as torch converts the weight
+ * of such a call.  cuDNN's heuristics do offer engine configs for mixed
+ * layouts (tests/test_cuda_descriptors.py prints their counts), but which
+ * of them are fast only a GPU can tell; a uniform layout is what its fast
+ * NHWC kernels are documented for. */
+struct Staged {
+    bool on = false;
+    bool input = false;
+    ga_tensor user;   /* as given */
+    ga_tensor packed; /* in the workspace, in the graph's layout */
+};
+
+/* Staging takes at most this share of the workspace (the rest stays
+ * cuDNN's); a tensor that does not fit goes to cuDNN as it is. */
+constexpr size_t kStagingShare = 4;
+constexpr size_t kStagingAlign = 256;
+
 struct Problem {
     GaConvOp op = GA_CONV_FWD;
     ga_dtype dtype = GA_FLOAT32;
@@ -122,6 +153,8 @@ struct Problem {
     void *ws = nullptr;
     size_t ws_size = 0;   /* usable workspace bytes (0 without a workspace) */
     bool eligible = true; /* every tensor is describable to cuDNN */
+    Staged staged[4];     /* x, w, y, preact */
+    std::string key;      /* ga_conv_key's: the plan cache's (with the device) and the file's */
     /* the tensors as given: the epilogue, copies and the direct route */
     const ga_tensor *tx = nullptr, *tw = nullptr, *ty = nullptr, *tpreact = nullptr;
 };
@@ -227,12 +260,10 @@ void make_bias_view(const void *bias, int64_t k, int64_t itemsize, bool nhwc, Vi
     normalize_strides(v->dims, v->strides, nhwc);
 }
 
-/* Packed strides of y's shape in the problem's layout, for the virtual
- * intermediates. */
-void packed_strides(const Problem &p, int64_t strides[4])
+/* Packed strides (elements) of NCHW-ordered dims in a layout. */
+void packed_layout(const int64_t d[4], bool nhwc, int64_t strides[4])
 {
-    const int64_t *d = p.y.dims;
-    if (p.nhwc) {
+    if (nhwc) {
         strides[1] = 1;
         strides[3] = d[1];
         strides[2] = d[1] * d[3];
@@ -243,6 +274,68 @@ void packed_strides(const Problem &p, int64_t strides[4])
         strides[1] = d[3] * d[2];
         strides[0] = d[3] * d[2] * d[1];
     }
+}
+
+/* Packed strides of y's shape in the problem's layout, for the virtual
+ * intermediates. */
+void packed_strides(const Problem &p, int64_t strides[4])
+{
+    packed_layout(p.y.dims, p.nhwc, strides);
+}
+
+/* Stages each tensor whose strides show the other layout than the
+ * problem's (see Staged): its view becomes a packed tensor at the front of
+ * the workspace, which cuDNN's share then leaves out. */
+void stage_other_layout(Problem *p, const ga_tensor *const given[4], const bool input[4])
+{
+    View *views[4] = {&p->x, &p->w, &p->y, &p->preact};
+    size_t offsets[4] = {0, 0, 0, 0}, used = 0;
+    bool any = false;
+    for (int i = 0; i < 4; i++) {
+        if (!given[i] || views[i]->vote == 0 || (views[i]->vote > 0) == p->nhwc)
+            continue;
+        offsets[i] = used;
+        size_t bytes = (size_t)ga_numel(given[i]) * (size_t)p->itemsize;
+        used += (bytes + kStagingAlign - 1) / kStagingAlign * kStagingAlign;
+        any = true;
+    }
+    if (!any || !p->ws || (uintptr_t)p->ws % kStagingAlign || used > p->ws_size / kStagingShare)
+        return;
+    for (int i = 0; i < 4; i++) {
+        if (!given[i] || views[i]->vote == 0 || (views[i]->vote > 0) == p->nhwc)
+            continue;
+        Staged &st = p->staged[i];
+        st.on = true;
+        st.input = input[i];
+        st.user = *given[i];
+        st.packed = *given[i];
+        st.packed.data = (char *)p->ws + offsets[i];
+        int64_t strides[4];
+        packed_layout(views[i]->dims, p->nhwc, strides);
+        for (int d = 0; d < 4; d++) {
+            st.packed.strides[d] = strides[d] * p->itemsize;
+            views[i]->strides[d] = strides[d];
+        }
+        views[i]->data = st.packed.data;
+        views[i]->align = 16;
+        views[i]->vote = p->nhwc ? 1 : -1;
+    }
+    p->ws = (char *)p->ws + used;
+    p->ws_size -= used;
+}
+
+/* Copies the staged inputs into their packed form (before cuDNN reads
+ * them), or the staged outputs back to the caller's tensors (after). */
+ga_status copy_staged(int device, const Problem &p, bool inputs, ga_stream stream)
+{
+    for (const Staged &st : p.staged) {
+        if (!st.on || st.input != inputs)
+            continue;
+        const ga_tensor *dst = inputs ? &st.packed : &st.user;
+        const ga_tensor *src = inputs ? &st.user : &st.packed;
+        GA_TRY_STATUS(ga_cuda_copy(device, dst, src, stream));
+    }
+    return ga_ok();
 }
 
 cudnnDataType_t io_type(ga_dtype d)
@@ -273,47 +366,13 @@ void *uid_pointer(const Problem &p, int64_t uid)
     }
 }
 
-/* The plan cache key: everything the graph, the engine filter and the
- * workspace limit depend on (the pointers only through their alignment). */
-void key_view(std::string &key, const View &v)
+/* The plan cache's key: the problem's key (kernels/conv_key.h, the one
+ * the tuning file uses too) on this device. */
+std::string plan_cache_key(int device, const Problem &p)
 {
-    for (int d = 0; d < 4; d++) {
-        ga_key_append(key, v.dims[d]);
-        ga_key_append(key, v.strides[d]);
-    }
-    ga_key_append(key, v.align);
-}
-
-std::string make_key(int device, const Problem &p)
-{
-    std::string key;
-    key.reserve(512);
-    key.append("gpuaccel.conv2d.v1");
-    ga_key_append(key, device);
-    ga_key_append(key, (int)p.op);
-    ga_key_append(key, (int)p.dtype);
-    const ga_conv_geometry &g = p.geom;
-    for (int i = 0; i < 2; i++) {
-        ga_key_append(key, g.stride[i]);
-        ga_key_append(key, g.padding[i]);
-        ga_key_append(key, g.dilation[i]);
-    }
-    ga_key_append(key, g.groups);
-    ga_key_append(key, (int)(g.allow_tf32 != 0));
-    ga_key_append(key, (int)(g.deterministic != 0));
-    ga_key_append(key, (int)p.nhwc);
-    key_view(key, p.x);
-    key_view(key, p.w);
-    key_view(key, p.y);
-    ga_key_append(key, (int)p.has_bias);
-    if (p.has_bias)
-        key_view(key, p.bias);
-    ga_key_append(key, (int)p.act);
-    ga_key_append(key, (int)p.has_preact);
-    if (p.has_preact)
-        key_view(key, p.preact);
-    ga_key_append(key, (uint64_t)p.ws_size);
-    return key;
+    char suffix[24];
+    snprintf(suffix, sizeof suffix, " cuda:%d", device);
+    return p.key + suffix;
 }
 
 /* ================================================================= graphs */
@@ -490,34 +549,49 @@ EngineRules rules_of(const Problem &p)
     return r;
 }
 
+/* The problem's pointers in the order of the graph's real tensors. */
+std::vector<void *> graph_pointers(const Graph &g, const Problem &p)
+{
+    std::vector<void *> pointers;
+    pointers.reserve(g.uids.size());
+    for (int64_t uid : g.uids)
+        pointers.push_back(uid_pointer(p, uid));
+    return pointers;
+}
+
 /* The variant pack of a graph built for the problem. */
 ga_status make_variant_pack(const Graph &g, const Problem &p, Desc *out)
 {
-    std::vector<void *> pointers;
-    for (int64_t uid : g.uids)
-        pointers.push_back(uid_pointer(p, uid));
-    return ga_cudnn::make_variant_pack(g, pointers, p.ws_size ? p.ws : nullptr, out);
+    return ga_cudnn::make_variant_pack(g, graph_pointers(g, p), p.ws_size ? p.ws : nullptr, out);
 }
 
-ga_status execute_plan(cudnnHandle_t handle, const ExecPlan &ep, const Problem &p)
+/* Runs the plan on the problem's tensors, with a variant pack the plan
+ * kept when this call's pointers repeat an earlier call's. */
+ga_status execute_plan(cudnnHandle_t handle, ExecPlan &ep, const Problem &p)
 {
-    Desc pack;
-    GA_TRY_STATUS(make_variant_pack(*ep.graph, p, &pack));
-    return ga_cudnn::execute_plan(handle, ep, pack);
+    const Desc *pack = nullptr;
+    GA_TRY_STATUS(
+        ep.packs.get(*ep.graph, graph_pointers(*ep.graph, p), p.ws_size ? p.ws : nullptr, &pack));
+    return ga_cudnn::execute_plan(handle, ep, *pack);
 }
 
 /* Builds the graph and finds a plan for it (search_plan). */
 ga_status tune_graph(cudnnHandle_t handle, cudaStream_t s, const Problem &p, GraphKind kind,
-                     const EngineChoice *preferred, std::shared_ptr<ExecPlan> *plan,
-                     EngineChoice *choice, bool *tuned, Refusal *why)
+                     const EngineChoice *preferred, SearchBudget *budget,
+                     std::shared_ptr<ExecPlan> *plan, EngineChoice *choice, bool *tuned,
+                     SearchRefusals *why)
 {
     *tuned = false;
     plan->reset();
     std::shared_ptr<Graph> g;
-    GA_TRY_STATUS(build_graph(handle, p, kind, &g));
+    ga_status st = build_graph(handle, p, kind, &g);
+    if (is_unsupported(st))
+        why->whole(st);
+    GA_TRY_STATUS(st);
     Desc pack; /* the candidates share one graph, so one variant pack */
     GA_TRY_STATUS(make_variant_pack(*g, p, &pack));
-    return search_plan(handle, s, g, rules_of(p), pack, preferred, plan, choice, tuned, why);
+    return search_plan(handle, s, g, rules_of(p), pack, preferred, budget, plan, choice, tuned,
+                       why);
 }
 
 /* ============================================================ execution */
@@ -625,7 +699,8 @@ ga_status entry_plan(cudnnHandle_t handle, const Problem &p, Entry &e,
 }
 
 /* A cache miss: find the route (fused graph, conv-only graph + epilogue
- * kernel, direct kernels) and its plan. */
+ * kernel, direct kernels) and its plan, within one search budget for the
+ * shape (cudnn_graph.cuh's limits). */
 ga_status tune(cudnnHandle_t handle, cudaStream_t s, const Problem &p, const char *preferred,
                std::shared_ptr<Entry> *out, std::shared_ptr<ExecPlan> *plan, bool *tuned)
 {
@@ -637,22 +712,25 @@ ga_status tune(cudnnHandle_t handle, cudaStream_t s, const Problem &p, const cha
         preferred && parse_choice(preferred, &pref_route, &pref) && pref_route != ROUTE_DIRECT;
     auto e = std::make_shared<Entry>();
     bool fused = has_epilogue(p);
+    SearchBudget budget(rules_of(p).deterministic);
     *tuned = false;
     /* One route's search: on success the entry takes `route`; a graph
-     * with no engine adds its refusal (at least `floor`) to the entry's. */
+     * with no engine adds the reason its search adds up to (at least
+     * `floor`) to the entry's. */
     auto attempt = [&](GraphKind kind, Route route, ga_fallback_reason floor) -> ga_status {
         bool t = false;
-        Refusal why;
+        SearchRefusals why;
         ga_status st =
-            tune_graph(handle, s, p, kind, has_pref && pref_route == route ? &pref : nullptr, plan,
-                       &e->choice, &t, &why);
+            tune_graph(handle, s, p, kind, has_pref && pref_route == route ? &pref : nullptr,
+                       &budget, plan, &e->choice, &t, &why);
         *tuned = *tuned || t;
         if (!st.error)
             e->route = route;
         if (!is_unsupported(st))
             return st;
-        why.keep(st, floor);
-        e->why.keep(why.reason, why.status, why.text.c_str());
+        why.whole(st); /* what ended the search, when nothing else was refused */
+        Refusal r = why.reason(floor);
+        e->why.keep(r.reason, r.status, r.text.c_str());
         return ga_ok();
     };
     /* a preference for the split or unfused route says the fused graph
@@ -679,10 +757,12 @@ ga_status tune(cudnnHandle_t handle, cudaStream_t s, const Problem &p, const cha
     if (can_split(p) && e->route == ROUTE_DIRECT && !(has_pref && pref_route == ROUTE_UNFUSED))
         GA_TRY_STATUS(attempt(GRAPH_BIAS, ROUTE_SPLIT, GA_FALLBACK_NOT_SUPPORTED));
     /* the convolution alone (then the epilogue kernel); without an engine
-     * even for it, the direct kernels run */
-    if (!fused || e->route == ROUTE_DIRECT)
+     * even for it, the direct kernels run: the budget's last resort */
+    if (!fused || e->route == ROUTE_DIRECT) {
+        budget.last_resort = true;
         GA_TRY_STATUS(
             attempt(GRAPH_CONV, fused ? ROUTE_UNFUSED : ROUTE_GRAPH, GA_FALLBACK_NO_ENGINE));
+    }
     e->chosen = choice_string(e->route, e->choice);
     if (e->route != ROUTE_DIRECT)
         e->plans[handle] = *plan;
@@ -745,6 +825,14 @@ void write_tuning(ga_conv_tuning *tuning, const ga_op_report &report, const std:
         tuning->chosen[0] = '\0';
 }
 
+/* The problem's key into the caller's tuning (csrc reads and writes the
+ * tuning file under it). */
+void write_key(ga_conv_tuning *tuning, const Problem &p)
+{
+    if (tuning && p.key.size() < sizeof tuning->key)
+        memcpy(tuning->key, p.key.c_str(), p.key.size() + 1);
+}
+
 ga_status run(int device, Problem &p, ga_stream stream, ga_conv_tuning *tuning)
 {
     ga_op_report report = {0, 0, 0, 0};
@@ -753,17 +841,29 @@ ga_status run(int device, Problem &p, ga_stream stream, ga_conv_tuning *tuning)
     cudaStream_t s = ga_cu_stream(stream);
     cudnnHandle_t handle = nullptr;
     std::shared_ptr<ExecPlan> plan;
+    /* a call that may not tune runs only what is ready; a call that may is
+     * the second half of such a call's miss, which was counted then */
+    bool may_tune = !tuning || tuning->may_tune;
     if (p.eligible) {
         /* the cache first, then cuDNN, then the exit hook: see mark_exiting */
         GaPlanCache &cache = ga_conv_plan_cache();
-        std::string key = make_key(device, p);
-        std::shared_ptr<Entry> entry = std::static_pointer_cast<Entry>(cache.find(key));
+        std::string key = plan_cache_key(device, p);
+        std::shared_ptr<Entry> entry =
+            std::static_pointer_cast<Entry>(cache.find(key, !tuning || !may_tune));
         /* a problem cached as "direct" needs nothing of cuDNN: no handle
          * (whose creation allocates, which a capture must not see either) */
         bool direct = entry && entry->route == ROUTE_DIRECT;
         handle = direct ? nullptr : held_handle(device);
         if (entry && !direct && handle)
             plan = ready_plan(handle, *entry);
+        if (!direct && !plan && !may_tune) {
+            /* setup to do (a search, or this thread's plan for the cached
+             * choice): the caller comes back without the GIL */
+            tuning->needs_setup = 1;
+            tuning->choice_cached = entry != nullptr;
+            write_key(tuning, p);
+            return ga_ok();
+        }
         /* anything but running a ready plan (or the direct kernels) is
          * setup that a capture must not see */
         if (!direct && !plan)
@@ -773,6 +873,7 @@ ga_status run(int device, Problem &p, ga_stream stream, ga_conv_tuning *tuning)
         if (!direct) {
             register_exit_hook();
             GA_CUDNN_TRY(cudnnSetStream(handle, cudnn_stream(s)));
+            GA_TRY_STATUS(copy_staged(device, p, true, stream)); /* cuDNN may read them now */
         }
         if (entry && !direct && !plan) {
             ga_status st = entry_plan(handle, p, *entry, &plan);
@@ -790,6 +891,8 @@ ga_status run(int device, Problem &p, ga_stream stream, ga_conv_tuning *tuning)
             report.tuned = tuned;
             cache.insert(key, entry);
         }
+        if (may_tune)
+            write_key(tuning, p);
         route = entry->route;
         chosen = entry->chosen;
         ga_op_report_fallback(&report, entry->why.reason, entry->why.status,
@@ -803,12 +906,14 @@ ga_status run(int device, Problem &p, ga_stream stream, ga_conv_tuning *tuning)
     switch (route) {
     case ROUTE_GRAPH:
         GA_TRY_STATUS(execute_plan(handle, *plan, p));
+        GA_TRY_STATUS(copy_staged(device, p, false, stream));
         if (p.op == GA_CONV_FWD && p.has_preact && p.act == GA_ACT_NONE)
             GA_TRY_STATUS(ga_cuda_copy(device, p.tpreact, p.ty, stream)); /* z is y */
         break;
     case ROUTE_SPLIT:
     case ROUTE_UNFUSED: {
         GA_TRY_STATUS(execute_plan(handle, *plan, p));
+        GA_TRY_STATUS(copy_staged(device, p, false, stream));
         ga_status st = route == ROUTE_SPLIT ? run_activation(device, p, stream)
                                             : run_epilogue(device, p, stream);
         if (is_unsupported(st)) {
@@ -868,18 +973,37 @@ void init_problem(Problem *p, GaConvOp op, const ga_conv_geometry *g, const ga_t
     /* cuDNN's implicit-GEMM kernels index the filter with 32-bit offsets
      * (the frontend refuses such graphs for the same reason) */
     ok = ok && ga_numel(w) <= (int64_t)INT32_MAX;
-    p->eligible = ok;
     p->ws = workspace;
     p->ws_size = workspace ? workspace_size : 0;
+    /* the key of every problem cuDNN may run (GA_CONV_KEY_MAX always holds one) */
+    static_assert((int)GA_CONV_BWD_FILTER == (int)GA_CONV_KEY_BWD_FILTER &&
+                      (int)GA_CONV_BWD_DATA == (int)GA_CONV_KEY_BWD_DATA,
+                  "conv_key.h names the ops as conv_direct.cuh does");
+    char key[GA_CONV_KEY_MAX];
+    ok = ok && ga_conv_key(key, sizeof key, (ga_conv_key_op)op, g, x, w, y, bias, act, preact,
+                           p->ws_size) > 0;
+    if (ok) {
+        p->key = key;
+        /* the inputs and outputs of each op, in conv roles */
+        const ga_tensor *given[4] = {x, w, y, p->has_preact ? preact : nullptr};
+        bool input[4] = {op != GA_CONV_BWD_DATA, op != GA_CONV_BWD_FILTER, op != GA_CONV_FWD,
+                         false};
+        stage_other_layout(p, given, input);
+    }
+    p->eligible = ok;
     p->tx = x;
     p->tw = w;
     p->ty = y;
 }
 
+/* Clears what a call reports (not what the caller asks: may_tune, preferred). */
 void reset_tuning(ga_conv_tuning *tuning)
 {
     if (!tuning)
         return;
+    tuning->needs_setup = 0;
+    tuning->choice_cached = 0;
+    tuning->key[0] = '\0';
     tuning->chosen[0] = '\0';
     memset(&tuning->report, 0, sizeof tuning->report);
 }

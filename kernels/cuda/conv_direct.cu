@@ -66,13 +66,16 @@ __host__ __device__ __forceinline__ void fwd_element(const DirectArgs &a, int64_
     int64_t c0 = k / a.Kg * a.Cg; /* first input channel of k's group */
     Acc acc = 0;
     for (int64_t c = 0; c < a.Cg; c++) {
+        GA_TRIP();
         const char *xc = a.x + n * a.xs[0] + (c0 + c) * a.xs[1];
         const char *wc = a.w + k * a.ws[0] + c * a.ws[1];
         for (int64_t r = 0; r < a.R; r++) {
+            GA_TRIP();
             int64_t h = p * a.stride_h - a.pad_h + r * a.dil_h;
             if (h < 0 || h >= a.H)
                 continue;
             for (int64_t s = 0; s < a.S; s++) {
+                GA_TRIP();
                 int64_t w = q * a.stride_w - a.pad_w + s * a.dil_w;
                 if (w < 0 || w >= a.W)
                     continue;
@@ -102,6 +105,7 @@ __host__ __device__ __forceinline__ void bwd_data_element(const DirectArgs &a, i
     int64_t k0 = c / a.Cg * a.Kg, cl = c % a.Cg;
     Acc acc = 0;
     for (int64_t r = 0; r < a.R; r++) {
+        GA_TRIP();
         int64_t hp = h + a.pad_h - r * a.dil_h;
         if (hp < 0 || hp % a.stride_h)
             continue;
@@ -109,16 +113,19 @@ __host__ __device__ __forceinline__ void bwd_data_element(const DirectArgs &a, i
         if (p >= a.P)
             continue;
         for (int64_t s = 0; s < a.S; s++) {
+            GA_TRIP();
             int64_t wq = w + a.pad_w - s * a.dil_w;
             if (wq < 0 || wq % a.stride_w)
                 continue;
             int64_t q = wq / a.stride_w;
             if (q >= a.Q)
                 continue;
-            for (int64_t k = k0; k < k0 + a.Kg; k++)
+            for (int64_t k = k0; k < k0 + a.Kg; k++) {
+                GA_TRIP();
                 acc +=
                     load_elem<T, A>(a.y + n * a.ys[0] + k * a.ys[1] + p * a.ys[2] + q * a.ys[3]) *
                     load_elem<T, A>(a.w + k * a.ws[0] + cl * a.ws[1] + r * a.ws[2] + s * a.ws[3]);
+            }
         }
     }
     store_elem<T, A>(a.x + n * a.xs[0] + c * a.xs[1] + h * a.xs[2] + w * a.xs[3], acc);
@@ -140,6 +147,7 @@ bwd_filter_slice(const DirectArgs &a, int64_t e, int64_t first, int64_t step)
     int64_t npq = a.N * a.P * a.Q;
     Acc acc = 0;
     for (int64_t j = first; j < npq; j += step) {
+        GA_TRIP();
         int64_t q = j % a.Q, u = j / a.Q;
         int64_t p = u % a.P, n = u / a.P;
         int64_t h = p * a.stride_h - a.pad_h + r * a.dil_h;
@@ -167,16 +175,20 @@ template <typename T, bool A> __global__ void conv_fwd_direct(DirectArgs a)
 {
     int64_t total = a.N * a.K * a.P * a.Q;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-         i += (int64_t)gridDim.x * blockDim.x)
+         i += (int64_t)gridDim.x * blockDim.x) {
+        GA_TRIP();
         fwd_element<T, A>(a, i);
+    }
 }
 
 template <typename T, bool A> __global__ void conv_bwd_data_direct(DirectArgs a)
 {
     int64_t total = a.N * a.C * a.H * a.W;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-         i += (int64_t)gridDim.x * blockDim.x)
+         i += (int64_t)gridDim.x * blockDim.x) {
+        GA_TRIP();
         bwd_data_element<T, A>(a, i);
+    }
 }
 
 /* A long reduction per filter element: a block per element, each thread
@@ -188,6 +200,7 @@ template <typename T, bool A> __global__ void conv_bwd_filter_direct(DirectArgs 
     __shared__ Acc partial[kThreads];
     int64_t total = a.K * a.Cg * a.R * a.S;
     for (int64_t e = blockIdx.x; e < total; e += gridDim.x) {
+        GA_TRIP();
         partial[threadIdx.x] = bwd_filter_slice<T, A>(a, e, threadIdx.x, kThreads);
         __syncthreads();
         for (int half = kThreads / 2; half > 0; half /= 2) {

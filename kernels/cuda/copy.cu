@@ -1,16 +1,32 @@
 /*
  * copy.cu — strided copy with dtype conversion, and fill, on the GPU.
  *
- * Twin of kernels/cpu/copy.c: the element conversion is the same source
- * (kernels/convert.h), so the two agree bit for bit.
+ * Twin of kernels/cpu/copy.c: every conversion gives the bits of
+ * kernels/convert.h, so the two agree bit for bit.  Four ways, the first
+ * that applies:
+ *   - same dtype, dense rows: the copy engine (cudaMemcpy*Async);
+ *   - same dtype, any strides: copy_same_kernel, moving whole elements of
+ *     their size, no conversion;
+ *   - float dtypes, both dense in one order (an astype): convert_dense_kernel,
+ *     compiled per pair of dtypes, 16 bytes of source per access, the
+ *     hardware conversions (elem.cuh, convert.h's bits);
+ *   - anything else (integers, bools, mixed strides): copy_kernel, through
+ *     convert.h at run time.
+ * Index arithmetic divides in 32 bits wherever the sizes allow.
  */
 #include <stdint.h>
 #include <string.h>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <type_traits>
 
 #include "../convert.h"
 #include "../check.h"
 #include "../walk.h"
 #include "common.cuh"
+#include "elem.cuh"
 
 namespace
 {
@@ -58,9 +74,19 @@ __device__ __forceinline__ void element_offsets(const ga_pair_layout &L, int64_t
     }
     int64_t d = 0, s = 0;
     for (int k = L.ndim - 1; k >= 0; k--) {
-        int64_t extent = L.shape[k];
-        int64_t i = idx % extent;
-        idx /= extent;
+        int64_t extent = L.shape[k], i, q;
+        if (k == 0) {
+            i = idx;
+            q = 0;
+        } else if ((uint64_t)idx <= UINT32_MAX && (uint64_t)extent <= UINT32_MAX) {
+            /* 32-bit division where it is enough: several times cheaper */
+            q = (uint32_t)idx / (uint32_t)extent;
+            i = (uint32_t)idx - (uint32_t)q * (uint32_t)extent;
+        } else {
+            q = idx / extent;
+            i = idx - q * extent;
+        }
+        idx = q;
         d += i * L.dst_strides[k];
         s += i * L.src_strides[k];
     }
@@ -74,6 +100,7 @@ __global__ void copy_kernel(char *dst, ga_dtype dst_dtype, const char *src, ga_d
     size_t dst_size = ga_dtype_itemsize(dst_dtype);
     for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < numel;
          idx += (int64_t)gridDim.x * blockDim.x) {
+        GA_TRIP();
         int64_t doff, soff;
         element_offsets(L, idx, &doff, &soff);
         ga_value v = load_element(src_dtype, src + soff, aligned);
@@ -83,21 +110,156 @@ __global__ void copy_kernel(char *dst, ga_dtype dst_dtype, const char *src, ga_d
     }
 }
 
+/* Same dtype, any strides: whole elements of W (an unsigned type of the
+ * element's size) moved without a conversion. */
+template <typename W>
+__global__ void copy_same_kernel(char *dst, const char *src, int64_t numel, ga_pair_layout L)
+{
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < numel;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        GA_TRIP();
+        int64_t doff, soff;
+        element_offsets(L, idx, &doff, &soff);
+        *reinterpret_cast<W *>(dst + doff) = *reinterpret_cast<const W *>(src + soff);
+    }
+}
+
+/* One float element of S as D: convert.h's single rounding (the hardware
+ * conversion from float; convert.h's own from double to 16 bits, where a
+ * detour through float would round twice), and convert.h's NaN (quieted,
+ * the top of its payload kept) where float and double meet, made with
+ * integer operations rather than left to the hardware's NaN rules. */
+template <typename D, typename S> __device__ __forceinline__ D convert_float(S v)
+{
+    if constexpr (std::is_same<S, double>::value && std::is_same<D, float>::value) {
+        if (v != v) {
+            uint64_t b;
+            memcpy(&b, &v, sizeof b);
+            uint32_t f =
+                (uint32_t)(b >> 32 & 0x80000000u) | 0x7fc00000u | (uint32_t)(b >> 29 & 0x7fffffu);
+            float out;
+            memcpy(&out, &f, sizeof out);
+            return out;
+        }
+        return (float)v;
+    } else if constexpr (std::is_same<D, double>::value && !std::is_same<S, double>::value) {
+        float f = Elem<S>::widen(v);
+        if (f != f) {
+            uint32_t b;
+            memcpy(&b, &f, sizeof b);
+            uint64_t d = (uint64_t)(b & 0x80000000u) << 32 | 0x7ff8000000000000ull |
+                         (uint64_t)(b & 0x7fffffu) << 29;
+            double out;
+            memcpy(&out, &d, sizeof out);
+            return out;
+        }
+        return (double)f;
+    } else if constexpr (std::is_same<S, double>::value && std::is_same<D, __half>::value) {
+        __half_raw r;
+        r.x = ga_f64_to_f16(v);
+        return __half(r);
+    } else if constexpr (std::is_same<S, double>::value && std::is_same<D, __nv_bfloat16>::value) {
+        __nv_bfloat16_raw r;
+        r.x = ga_f64_to_bf16(v);
+        return __nv_bfloat16(r);
+    } else {
+        return Elem<D>::narrow((typename Elem<D>::Acc)Elem<S>::widen(v));
+    }
+}
+
+/* Dense float arrays of one order (an astype): a thread converts the
+ * Vec<S>::N elements of one 16-byte load of the source; the elements past
+ * the last whole vector one at a time. */
+template <typename D, typename S>
+__global__ void convert_dense_kernel(char *dst, const char *src, int64_t numel)
+{
+    constexpr int N = Vec<S>::N;
+    int64_t first = (int64_t)blockIdx.x * blockDim.x + threadIdx.x,
+            step = (int64_t)gridDim.x * blockDim.x;
+    int64_t vectors = numel / N;
+    D *out = reinterpret_cast<D *>(dst);
+    for (int64_t v = first; v < vectors; v += step) {
+        GA_TRIP();
+        Vec<S> in = load_vec<S>(src + v * 16);
+        constexpr int Q = (int)(sizeof(D) * N / 16); /* whole 16-byte stores of D */
+        if constexpr (Q > 0) {
+            Vec<D> converted[Q] = {};
+#pragma unroll
+            for (int j = 0; j < N; j++)
+                converted[j / Vec<D>::N].v[j % Vec<D>::N] = convert_float<D, S>(in.v[j]);
+#pragma unroll
+            for (int q = 0; q < Q; q++)
+                store_vec<D>(dst + v * N * (int64_t)sizeof(D) + 16 * q, converted[q]);
+        } else {
+#pragma unroll
+            for (int j = 0; j < N; j++)
+                out[v * N + j] = convert_float<D, S>(in.v[j]);
+        }
+    }
+    for (int64_t i = vectors * N + first; i < numel; i += step) {
+        GA_TRIP();
+        out[i] = convert_float<D, S>(reinterpret_cast<const S *>(src)[i]);
+    }
+}
+
 __global__ void fill_kernel(char *dst, size_t itemsize, uint64_t pattern, int64_t numel,
                             ga_pair_layout L, bool aligned)
 {
     for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < numel;
          idx += (int64_t)gridDim.x * blockDim.x) {
+        GA_TRIP();
         int64_t doff, unused;
         element_offsets(L, idx, &doff, &unused);
         store_bytes(dst + doff, pattern, itemsize, aligned);
     }
 }
 
-unsigned grid_for(int64_t numel)
+unsigned grid_for(int64_t numel, int64_t per_thread = 1)
 {
-    int64_t blocks = (numel + kThreads - 1) / kThreads;
+    int64_t blocks = (numel + kThreads * per_thread - 1) / (kThreads * per_thread);
     return (unsigned)(blocks < kMaxBlocks ? blocks : kMaxBlocks);
+}
+
+template <typename D, typename S>
+ga_status launch_convert(char *dst, const char *src, int64_t numel, cudaStream_t s)
+{
+    GA_LAUNCH(grid_for(numel, Vec<S>::N), kThreads, 0, s, convert_dense_kernel<D, S>)
+    (dst, src, numel);
+    GA_CUDA_LAUNCH_CHECK("convert_dense_kernel");
+    return ga_ok();
+}
+
+/* The source dtype's half of a dense float conversion. */
+template <typename D>
+ga_status convert_from(ga_dtype src_dtype, char *dst, const char *src, int64_t numel,
+                       cudaStream_t s)
+{
+    switch (src_dtype) {
+    case GA_FLOAT16: return launch_convert<D, __half>(dst, src, numel, s);
+    case GA_BFLOAT16: return launch_convert<D, __nv_bfloat16>(dst, src, numel, s);
+    case GA_FLOAT32: return launch_convert<D, float>(dst, src, numel, s);
+    default: return launch_convert<D, double>(dst, src, numel, s);
+    }
+}
+
+ga_status convert_dense(ga_dtype dst_dtype, ga_dtype src_dtype, char *dst, const char *src,
+                        int64_t numel, cudaStream_t s)
+{
+    switch (dst_dtype) {
+    case GA_FLOAT16: return convert_from<__half>(src_dtype, dst, src, numel, s);
+    case GA_BFLOAT16: return convert_from<__nv_bfloat16>(src_dtype, dst, src, numel, s);
+    case GA_FLOAT32: return convert_from<float>(src_dtype, dst, src, numel, s);
+    default: return convert_from<double>(src_dtype, dst, src, numel, s);
+    }
+}
+
+template <typename W>
+ga_status launch_same(char *dst, const char *src, int64_t numel, const ga_pair_layout &L,
+                      cudaStream_t s)
+{
+    GA_LAUNCH(grid_for(numel), kThreads, 0, s, copy_same_kernel<W>)(dst, src, numel, L);
+    GA_CUDA_LAUNCH_CHECK("copy_same_kernel");
+    return ga_ok();
 }
 
 bool is_aligned(const void *p, const int64_t *strides, int ndim, size_t itemsize)
@@ -146,11 +308,24 @@ extern "C" ga_status ga_cuda_copy(int device, const ga_tensor *dst, const ga_ten
             }
         }
     }
+    size_t ssize = ga_dtype_itemsize(src->dtype);
     bool aligned = is_aligned(dst->data, L.dst_strides, L.ndim, dsize) &&
-                   is_aligned(src->data, L.src_strides, L.ndim, ga_dtype_itemsize(src->dtype));
-    unsigned grid = grid_for(numel);
+                   is_aligned(src->data, L.src_strides, L.ndim, ssize);
     char *out = (char *)dst->data;
     const char *in = (const char *)src->data;
+    if (dst->dtype == src->dtype && aligned) {
+        switch (dsize) {
+        case 1: return launch_same<uint8_t>(out, in, numel, L, s);
+        case 2: return launch_same<uint16_t>(out, in, numel, L, s);
+        case 4: return launch_same<uint32_t>(out, in, numel, L, s);
+        default: return launch_same<uint64_t>(out, in, numel, L, s);
+        }
+    }
+    if (ga_dtype_is_float(dst->dtype) && ga_dtype_is_float(src->dtype) && L.ndim == 1 &&
+        L.dst_strides[0] == (int64_t)dsize && L.src_strides[0] == (int64_t)ssize &&
+        (uintptr_t)out % 16 == 0 && (uintptr_t)in % 16 == 0)
+        return convert_dense(dst->dtype, src->dtype, out, in, numel, s);
+    unsigned grid = grid_for(numel);
     GA_LAUNCH(grid, kThreads, 0, s, copy_kernel)
     (out, dst->dtype, in, src->dtype, numel, L, aligned);
     GA_CUDA_LAUNCH_CHECK("copy_kernel");

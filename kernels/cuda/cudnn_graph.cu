@@ -121,15 +121,66 @@ void Refusal::keep(ga_fallback_reason why, int st, const char *what)
     text = what ? what : "";
 }
 
+namespace
+{
+
+/* "<status name> at <call>: <cuDNN's text>" */
+std::string refusal_text(const ga_status &st)
+{
+    char text_buf[240];
+    snprintf(text_buf, sizeof text_buf, "%s%s%s: %s", st.name ? st.name : "", st.name ? " at " : "",
+             st.call ? st.call : "cuDNN", st.message ? st.message : "");
+    return text_buf;
+}
+
+} // namespace
+
 void Refusal::keep(const ga_status &st, ga_fallback_reason floor)
 {
     if (!is_unsupported(st))
         return;
     ga_fallback_reason why = cudnn_reason(st.code);
-    char text_buf[240];
-    snprintf(text_buf, sizeof text_buf, "%s%s%s: %s", st.name ? st.name : "", st.name ? " at " : "",
-             st.call ? st.call : "cuDNN", st.message ? st.message : "");
-    keep(why > floor ? why : floor, st.code, text_buf);
+    keep(why > floor ? why : floor, st.code, refusal_text(st).c_str());
+}
+
+void SearchRefusals::config(ga_fallback_reason why, int status, const std::string &text)
+{
+    /* the first config's refusal, then any less severe one */
+    if (configs_++ == 0 || why < least_.reason) {
+        least_.reason = why;
+        least_.status = status;
+        least_.text = text;
+    }
+}
+
+void SearchRefusals::config(const ga_status &st)
+{
+    if (is_unsupported(st))
+        config(cudnn_reason(st.code), st.code, refusal_text(st));
+}
+
+void SearchRefusals::filtered(const char *why)
+{
+    config(GA_FALLBACK_NOT_SUPPORTED, kNoStatus, why);
+}
+
+void SearchRefusals::whole(const ga_status &st)
+{
+    whole_.keep(st);
+}
+
+Refusal SearchRefusals::reason(ga_fallback_reason floor) const
+{
+    Refusal r = configs_ ? least_ : whole_;
+    if (configs_ > 1) {
+        char prefix[96];
+        snprintf(prefix, sizeof prefix,
+                 "every engine config tried (%d) was refused, at least: ", configs_);
+        r.text = prefix + r.text;
+    }
+    if (r.reason != GA_FALLBACK_NONE && r.reason < floor)
+        r.reason = floor;
+    return r;
 }
 
 ga_status finalize_status(cudnnStatus_t s, const char *call, const char *file, int line)
@@ -341,7 +392,7 @@ ga_status engine_allowed(cudnnBackendDescriptor_t engine, const EngineRules &rul
 }
 
 ga_status finalize_plan(cudnnHandle_t handle, cudnnBackendDescriptor_t cfg, size_t ws_limit,
-                        Desc *plan, int64_t *workspace, bool *ok, Refusal *why)
+                        Desc *plan, int64_t *workspace, bool *ok, SearchRefusals *why)
 {
     *ok = false;
     Desc d;
@@ -356,14 +407,17 @@ ga_status finalize_plan(cudnnHandle_t handle, cudnnBackendDescriptor_t cfg, size
         ga_status st = finalize_status(fin, "cudnnBackendFinalize(plan)", __FILE__, __LINE__);
         (void)cudaGetLastError();
         if (why)
-            why->keep(st); /* a config that does not finalize: the next one is tried */
+            why->config(st); /* a config that does not finalize: the next one is tried */
         return ga_ok();
     }
     int64_t n = 0, size = 0;
     GA_CUDNN_TRY(cudnnBackendGetAttribute(d.get(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
                                           CUDNN_TYPE_INT64, 1, &n, &size));
-    if (size < 0 || (uint64_t)size > (uint64_t)ws_limit)
+    if (size < 0 || (uint64_t)size > (uint64_t)ws_limit) {
+        if (why)
+            why->filtered("the plan needs more workspace than gpuaccel's budget");
         return ga_ok();
+    }
     *plan = std::move(d);
     *workspace = size;
     *ok = true;
@@ -372,7 +426,7 @@ ga_status finalize_plan(cudnnHandle_t handle, cudnnBackendDescriptor_t cfg, size
 
 ga_status heuristic_plans(cudnnHandle_t handle, const std::shared_ptr<Graph> &g,
                           const EngineRules &rules, cudnnBackendHeurMode_t mode,
-                          std::vector<std::shared_ptr<ExecPlan>> *out, Refusal *why,
+                          std::vector<std::shared_ptr<ExecPlan>> *out, SearchRefusals *why,
                           SearchBudget *budget)
 {
     Desc heur;
@@ -385,7 +439,7 @@ ga_status heuristic_plans(cudnnHandle_t handle, const std::shared_ptr<Graph> &g,
     ga_status st = finalize_status(cudnnBackendFinalize(heur.get()), "cudnnBackendFinalize(heur)",
                                    __FILE__, __LINE__);
     if (is_unsupported(st)) {
-        why->keep(st);
+        why->whole(st);
         return ga_ok(); /* this mode has nothing for the graph */
     }
     GA_TRY_STATUS(st);
@@ -418,17 +472,22 @@ ga_status heuristic_plans(cudnnHandle_t handle, const std::shared_ptr<Graph> &g,
                                               CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n, &engine_raw));
         bool allowed = false;
         GA_TRY_STATUS(engine_allowed(engine.get(), rules, &allowed));
-        if (!allowed)
+        if (!allowed) {
+            why->filtered("the engine's numerical notes break gpuaccel's rules (determinism, "
+                          "TF32, down-converted inputs)");
             continue;
+        }
         /* skip configs known to need too much workspace before paying for a
          * finalization (which may compile kernels); cuDNN < 9.2 lacks the
          * attribute, and the plan's own size is checked below anyway */
         int64_t cfg_ws = 0;
         if (cudnnBackendGetAttribute(cfg.get(), CUDNN_ATTR_ENGINECFG_WORKSPACE_SIZE,
                                      CUDNN_TYPE_INT64, 1, &n, &cfg_ws) == CUDNN_STATUS_SUCCESS &&
-            (cfg_ws < 0 || (uint64_t)cfg_ws > (uint64_t)rules.workspace))
+            (cfg_ws < 0 || (uint64_t)cfg_ws > (uint64_t)rules.workspace)) {
+            why->filtered("the engine config needs more workspace than gpuaccel's budget");
             continue;
-        budget->finalizations--;
+        }
+        budget->spend();
         auto ep = std::make_shared<ExecPlan>();
         bool ok = false;
         GA_TRY_STATUS(
@@ -614,6 +673,26 @@ ga_status make_variant_pack(const Graph &g, const std::vector<void *> &pointers,
     return ga_ok();
 }
 
+ga_status PackCache::get(const Graph &g, const std::vector<void *> &pointers, void *workspace,
+                         const Desc **out)
+{
+    for (Slot &slot : slots_) {
+        if (slot.pack.get() && slot.workspace == workspace && slot.pointers == pointers) {
+            *out = &slot.pack;
+            return ga_ok();
+        }
+    }
+    Slot &slot = slots_[next_];
+    slot.pack.reset();
+    GA_TRY_STATUS(make_variant_pack(g, pointers, workspace, &slot.pack));
+    slot.pointers = pointers;
+    slot.workspace = workspace;
+    next_ = (next_ + 1) % kPacks;
+    made_++;
+    *out = &slot.pack;
+    return ga_ok();
+}
+
 ga_status execute_plan(cudnnHandle_t handle, const ExecPlan &ep, const Desc &pack)
 {
     GA_CUDNN_TRY(cudnnBackendExecute(handle, ep.plan.get(), pack.get()));
@@ -669,8 +748,8 @@ ga_status pick_plan(cudnnHandle_t handle, cudaStream_t s, const Desc &pack,
 
 ga_status search_plan(cudnnHandle_t handle, cudaStream_t s, const std::shared_ptr<Graph> &g,
                       const EngineRules &rules, const Desc &pack, const EngineChoice *preferred,
-                      std::shared_ptr<ExecPlan> *plan, EngineChoice *choice, bool *tuned,
-                      Refusal *why)
+                      SearchBudget *budget, std::shared_ptr<ExecPlan> *plan, EngineChoice *choice,
+                      bool *tuned, SearchRefusals *why)
 {
     *tuned = false;
     plan->reset();
@@ -685,16 +764,15 @@ ga_status search_plan(cudnnHandle_t handle, cudaStream_t s, const std::shared_pt
      * finalizes or none of them launches here */
     const cudnnBackendHeurMode_t modes[] = {CUDNN_HEUR_MODE_A, CUDNN_HEUR_MODE_FALLBACK};
     ga_status last = GA_CUDNN_UNSUPPORTED("no cuDNN engine for this graph");
-    SearchBudget budget(rules.deterministic);
     for (cudnnBackendHeurMode_t mode : modes) {
         std::vector<std::shared_ptr<ExecPlan>> cands;
-        GA_TRY_STATUS(heuristic_plans(handle, g, rules, mode, &cands, why, &budget));
+        GA_TRY_STATUS(heuristic_plans(handle, g, rules, mode, &cands, why, budget));
         if (cands.empty())
             continue;
         size_t best = 0;
         last = pick_plan(handle, s, pack, cands, !rules.deterministic, &best, tuned);
         if (is_unsupported(last)) {
-            why->keep(last);
+            why->config(last); /* every plan of this mode failed to run */
             continue;
         }
         GA_TRY_STATUS(last);

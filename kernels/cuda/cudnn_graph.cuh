@@ -32,13 +32,19 @@ namespace ga_cudnn
 /* ============================================================== limits */
 
 /* The first call of a shape pays for its search, and every finalization
- * may compile a kernel (runtime fusion, NVRTC): the search is bounded by
- * the plans it needs and by finalizations and time across both heuristic
- * modes, not per mode. */
+ * may compile a kernel (runtime fusion, NVRTC): one budget bounds the
+ * search of a shape, across its routes (the fused graph, the split one,
+ * the convolution alone) and both heuristic modes — finalizations and a
+ * deadline, which holds whether or not a plan is in hand yet. */
 constexpr int kMaxCandidates = 6;        /* plans timed per graph */
 constexpr int kMaxDeterministic = 2;     /* untimed: the first that runs is taken */
-constexpr int kMaxFinalizeAttempts = 12; /* finalizations per search, both modes */
-constexpr double kSearchSeconds = 2.0;   /* no new finalization once one plan is in hand */
+constexpr int kMaxFinalizeAttempts = 12; /* finalizations per shape, every route */
+/* The graph whose failure leaves only gpuaccel's direct kernels (far
+ * slower) keeps a share of the budget that the graphs tried before it may
+ * not spend: finalizations, and the time after their earlier deadline. */
+constexpr int kLastResortFinalizations = 4;
+constexpr double kSearchSeconds = 2.0;   /* no finalization starts later than this */
+constexpr double kOptionalSeconds = 1.0; /* ... nor, for the graphs before the last resort, this */
 constexpr int64_t kMaxHeuristicResults = 64;
 constexpr int kTimedIterations = 3; /* after one warm-up run */
 constexpr int kMaxNotes = 64;       /* more than cuDNN defines, for newer versions */
@@ -130,31 +136,54 @@ ga_status finalize_status(cudnnStatus_t s, const char *call, const char *file, i
             cudnnBackendFinalize(desc), "cudnnBackendFinalize(" #desc ")", __FILE__, __LINE__)); \
     } while (0)
 
-/* What a search may still spend (see the limits above). */
+/* What the search of one shape may still spend (see the limits above):
+ * created once per shape, handed from route to route. */
 struct SearchBudget {
+    using Clock = std::chrono::steady_clock;
+
     int finalizations = kMaxFinalizeAttempts;
     int wanted = kMaxCandidates;
-    std::chrono::steady_clock::time_point deadline =
-        std::chrono::steady_clock::now() +
-        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-            std::chrono::duration<double>(kSearchSeconds));
+    Clock::time_point start = Clock::now();
+    bool last_resort = false;  /* the graph being searched is the last before the direct kernels */
+    int last_resort_tried = 0; /* finalizations that graph has made */
 
     explicit SearchBudget(bool deterministic)
         : wanted(deterministic ? kMaxDeterministic : kMaxCandidates)
     {
     }
-    /* whether one more finalization is allowed with `have` plans in hand */
-    bool allows(int have) const
+    /* Whether one more finalization may start at `now` with `have` plans
+     * of the current graph in hand.  Past the deadline nothing starts,
+     * with one exception: the last-resort graph's first finalization, so
+     * that a slow search of the fused graphs never sends a shape to the
+     * direct kernels for good (the search then ends at most one
+     * finalization after its deadline). */
+    bool allows(int have, Clock::time_point now) const
     {
         if (have >= wanted || finalizations <= 0)
             return false;
-        return have == 0 || std::chrono::steady_clock::now() < deadline;
+        double elapsed = std::chrono::duration<double>(now - start).count();
+        if (!last_resort)
+            return finalizations > kLastResortFinalizations && elapsed < kOptionalSeconds;
+        return elapsed < kSearchSeconds || last_resort_tried == 0;
+    }
+    bool allows(int have) const
+    {
+        return allows(have, Clock::now());
+    }
+    /* Called before each finalization. */
+    void spend()
+    {
+        finalizations--;
+        if (last_resort)
+            last_resort_tried++;
     }
 };
 
-/* Why a route was not taken, kept across the attempts of a search: the
- * most severe refusal met (its text copied, since cuDNN's message lives in
- * a per-thread buffer that the next failure overwrites). */
+/* Why a route was not taken: its reason (kernels.h's, most severe last),
+ * cuDNN's status and text (copied, since cuDNN's message lives in a
+ * per-thread buffer that the next failure overwrites).  Across the routes
+ * of a shape the most severe is kept (keep): each route that failed did
+ * so for its own reason, and the report names the worst. */
 struct Refusal {
     ga_fallback_reason reason = GA_FALLBACK_NONE;
     int status = kNoStatus;
@@ -163,6 +192,41 @@ struct Refusal {
     void keep(ga_fallback_reason why, int st, const char *what);
     /* an unsupported status: cuDNN's (or gpuaccel's own) reason and text */
     void keep(const ga_status &st, ga_fallback_reason floor = GA_FALLBACK_NONE);
+};
+
+/* The refusals one graph's search meets, and the one reason they add up
+ * to.  A search meets many: one per engine config that does not finalize
+ * (or whose plans do not run), one per heuristic mode with nothing to
+ * offer.  One config of twelve refused for a bad parameter says nothing
+ * about the graph, so the graph's reason is the least severe refusal of
+ * the configs tried — the one every config met at least — and only when
+ * no config was tried at all, the graph's or the heuristics' own refusal
+ * (the most severe of those). */
+class SearchRefusals
+{
+  public:
+    /* an engine config that did not finalize, or a mode's plans that all
+     * failed to run */
+    void config(const ga_status &st);
+    /* an engine config that gpuaccel's rules (numerical notes, workspace)
+     * excluded: not the library's refusal */
+    void filtered(const char *why);
+    /* the graph, or a heuristic mode, refused as a whole */
+    void whole(const ga_status &st);
+    /* What the route reports, never below `floor`: NONE when nothing was
+     * refused. */
+    Refusal reason(ga_fallback_reason floor) const;
+    int configs() const
+    {
+        return configs_;
+    }
+
+  private:
+    void config(ga_fallback_reason why, int status, const std::string &text);
+
+    int configs_ = 0;
+    Refusal least_; /* of the configs */
+    Refusal whole_; /* the most severe whole-graph refusal */
 };
 
 /* ============================================================ handles */
@@ -228,6 +292,38 @@ struct EngineChoice {
     std::vector<std::pair<int64_t, int64_t>> knobs; /* (cudnnBackendKnobType_t, value) */
 };
 
+/* Variant packs already made for one plan, by the pointers they hold.  A
+ * finalized variant pack cannot take new pointers (cuDNN refuses to set an
+ * attribute of a finalized descriptor: CUDNN_STATUS_BAD_PARAM), so instead
+ * of one pack updated per call, the last few are kept and a call whose
+ * pointers repeat — a training step after the first, whose allocators hand
+ * out the same addresses again — takes its pack from here.  Not locked:
+ * the plan that holds it belongs to one cuDNN handle, which one thread
+ * uses at a time. */
+class PackCache
+{
+  public:
+    static constexpr int kPacks = 4;
+    /* The pack for `pointers` (in the graph's uid order) and `workspace`:
+     * one made earlier, or a new one replacing the oldest. */
+    ga_status get(const Graph &g, const std::vector<void *> &pointers, void *workspace,
+                  const Desc **out);
+    uint64_t made() const
+    {
+        return made_;
+    }
+
+  private:
+    struct Slot {
+        std::vector<void *> pointers;
+        void *workspace = nullptr;
+        Desc pack;
+    };
+    Slot slots_[kPacks];
+    int next_ = 0;
+    uint64_t made_ = 0;
+};
+
 /* A finalized plan, with everything it was made from. */
 struct ExecPlan {
     std::shared_ptr<Graph> graph;
@@ -236,6 +332,7 @@ struct ExecPlan {
     Desc cfg;
     Desc plan; /* destroyed first */
     int64_t workspace = 0;
+    PackCache packs;
 };
 
 /* Whether the engine's numerical notes fit the rules; engines that convert
@@ -244,12 +341,12 @@ ga_status engine_allowed(cudnnBackendDescriptor_t engine, const EngineRules &rul
 /* Finalizes a plan for `cfg`; *ok stays false when the config does not run
  * here or needs more workspace than there is (both normal outcomes). */
 ga_status finalize_plan(cudnnHandle_t handle, cudnnBackendDescriptor_t cfg, size_t ws_limit,
-                        Desc *plan, int64_t *workspace, bool *ok, Refusal *why = nullptr);
+                        Desc *plan, int64_t *workspace, bool *ok, SearchRefusals *why = nullptr);
 /* The heuristic's configs for `mode`, in its order, filtered by the rules
  * and the workspace, that finalize into plans within the budget. */
 ga_status heuristic_plans(cudnnHandle_t handle, const std::shared_ptr<Graph> &g,
                           const EngineRules &rules, cudnnBackendHeurMode_t mode,
-                          std::vector<std::shared_ptr<ExecPlan>> *out, Refusal *why,
+                          std::vector<std::shared_ptr<ExecPlan>> *out, SearchRefusals *why,
                           SearchBudget *budget);
 /* Rebuilds exactly the engine config `c` for the graph; *out stays empty
  * when it no longer applies (another cuDNN, GPU or request). */
@@ -283,13 +380,14 @@ ga_status pick_plan(cudnnHandle_t handle, cudaStream_t s, const Desc &pack,
 
 /* A plan for a built graph: the preferred engine config when it still
  * applies, else the heuristic's candidates (mode A, then the fallback
- * mode), timed unless results must be deterministic — then the heuristic's
- * order decides, so every process picks the same engine.  Unsupported
- * (with `why` told why) when no engine runs the graph. */
+ * mode) within the shape's budget, timed unless results must be
+ * deterministic — then the heuristic's order decides, so every process
+ * picks the same engine.  Unsupported (with `why` told why) when no engine
+ * runs the graph. */
 ga_status search_plan(cudnnHandle_t handle, cudaStream_t s, const std::shared_ptr<Graph> &g,
                       const EngineRules &rules, const Desc &pack, const EngineChoice *preferred,
-                      std::shared_ptr<ExecPlan> *plan, EngineChoice *choice, bool *tuned,
-                      Refusal *why);
+                      SearchBudget *budget, std::shared_ptr<ExecPlan> *plan, EngineChoice *choice,
+                      bool *tuned, SearchRefusals *why);
 
 } // namespace ga_cudnn
 

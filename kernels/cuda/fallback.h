@@ -21,9 +21,11 @@ ga_status ga_cuda_matmul_check(const ga_matmul_desc *desc);
 /* On a checked descriptor: for an empty D, the sums that are still due
  * (a_row_sums over a non-empty A, zeros otherwise); else D = A @ B by the
  * generic kernel (unless gemm_done: a plain GEMM already wrote D), then
- * epilogue.cu's kernels for everything the descriptor asks after it. */
+ * epilogue.cu's kernels for everything the descriptor asks after it.  The
+ * workspace (the GEMM's, free again in the stream's order once the GEMM is
+ * queued; NULL for none) holds the sums' partial results. */
 ga_status ga_cuda_matmul_unfused(int device, const ga_matmul_desc *desc, int gemm_done,
-                                 ga_stream stream);
+                                 void *workspace, size_t workspace_size, ga_stream stream);
 
 /* D[b] = act(Z[b]) elementwise (Z and D of one shape, any strides; Z may
  * be D itself): the second half of ga_cuda_matmul's split route, after a

@@ -32,8 +32,10 @@ __global__ void logger_reset_kernel(void *state, int max_metrics, int64_t capaci
     if (blockIdx.x == 0 && threadIdx.x == 0)
         ga_logger_reset_stats(state, max_metrics);
     for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < nsteps && k < capacity;
-         k += (int64_t)gridDim.x * blockDim.x)
+         k += (int64_t)gridDim.x * blockDim.x) {
+        GA_TRIP();
         ga_logger_clear_row(state, max_metrics, capacity, first_step, k);
+    }
 }
 
 } // namespace

@@ -41,8 +41,8 @@
  * cannot" and why)
  * are cached per process by everything that decides them: device, shapes,
  * leading dimensions, batch strides, dtypes, epilogue, pointer alignments,
- * TF32 and determinism flags.  The matmul descriptor itself is built on each
- * call (a host-only struct) because it carries the call's pointers.
+ * TF32 and determinism flags — and with them the matmul descriptors, made
+ * once: a call sets only the pointers it carries (bias, aux).
  */
 #include <stdint.h>
 #include <string.h>
@@ -50,6 +50,7 @@
 #include <atomic>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include <cublasLt.h>
 
@@ -329,22 +330,32 @@ constexpr int kMaxAlgos = 8;
 
 /* A cached plan: the four layouts and the heuristic's algorithms, best
  * first; `next` is the first that has not failed.  With none left the
- * plan is not usable, and `refusal` says why (read by the report). */
+ * plan is not usable, and `refusal` says why (read by the report).
+ *
+ * And the plan's matmul descriptors: everything in one is decided by the
+ * plan's key but the call's pointers, so it is made once and a call only
+ * sets BIAS_POINTER and EPILOGUE_AUX_POINTER (those its epilogue has).  A
+ * pool rather than one, since a descriptor holds one call's pointers while
+ * cublasLtMatmul reads it, and two threads may run the plan at once. */
 struct LtPlan {
     cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr, d = nullptr;
     cublasLtMatmulAlgo_t algos[kMaxAlgos];
     int nalgos = 0;
     std::atomic<int> next{0}; /* advanced by any thread that finds an algorithm failing */
-    std::mutex mutex;         /* guards the refusal */
+    std::mutex mutex;         /* guards the refusal and the idle descriptors */
     ga_fallback_reason reason = GA_FALLBACK_NONE;
     int status = 0;
     std::string refusal;
+    std::vector<cublasLtMatmulDesc_t> idle_descs;
+    uint64_t descs_made = 0;
     ~LtPlan()
     {
         layout_destroy(a);
         layout_destroy(b);
         layout_destroy(c);
         layout_destroy(d);
+        for (cublasLtMatmulDesc_t md : idle_descs)
+            cublasLtMatmulDescDestroy(md);
     }
     bool usable() const
     {
@@ -445,6 +456,58 @@ struct DescGuard {
     }
 };
 
+/* One call's matmul descriptor: one of the plan's idle ones (made on the
+ * first call, or when all are in use) with the call's pointers set, back
+ * in the plan's pool when the lease ends. */
+class DescLease
+{
+  public:
+    explicit DescLease(LtPlan &plan) : plan_(plan) {}
+    ~DescLease()
+    {
+        if (!d_)
+            return;
+        std::lock_guard<std::mutex> lock(plan_.mutex);
+        plan_.idle_descs.push_back(d_);
+    }
+    DescLease(const DescLease &) = delete;
+    DescLease &operator=(const DescLease &) = delete;
+
+    ga_status take(const LtCall &c)
+    {
+        {
+            std::lock_guard<std::mutex> lock(plan_.mutex);
+            if (!plan_.idle_descs.empty()) {
+                d_ = plan_.idle_descs.back();
+                plan_.idle_descs.pop_back();
+            }
+        }
+        if (!d_) {
+            DescGuard made;
+            GA_TRY_STATUS(make_matmul_desc(c, &made.d));
+            std::swap(d_, made.d);
+            std::lock_guard<std::mutex> lock(plan_.mutex);
+            plan_.descs_made++;
+            return ga_ok(); /* made with this call's pointers */
+        }
+        if (epilogue_has_bias_pointer(c.epilogue))
+            GA_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(d_, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                         &c.bias_ptr, sizeof c.bias_ptr));
+        if (epilogue_has_aux(c.epilogue))
+            GA_CUBLAS_TRY(cublasLtMatmulDescSetAttribute(
+                d_, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &c.aux_ptr, sizeof c.aux_ptr));
+        return ga_ok();
+    }
+    cublasLtMatmulDesc_t get() const
+    {
+        return d_;
+    }
+
+  private:
+    LtPlan &plan_;
+    cublasLtMatmulDesc_t d_ = nullptr;
+};
+
 struct PrefGuard {
     cublasLtMatmulPreference_t p = nullptr;
     ~PrefGuard()
@@ -502,6 +565,7 @@ ga_status build_plan(cublasLtHandle_t handle, const LtCall &c, const ga_matmul_d
     GA_TRY_STATUS(make_layouts(c, desc, plan));
     DescGuard md;
     GA_TRY_STATUS(make_matmul_desc(c, &md.d));
+    plan->descs_made++;
     PrefGuard pref;
     GA_TRY_STATUS(make_preference(desc, workspace_size, &pref));
     cublasLtMatmulHeuristicResult_t results[kMaxAlgos];
@@ -519,6 +583,10 @@ ga_status build_plan(cublasLtHandle_t handle, const LtCall &c, const ga_matmul_d
                      lt_refusal("cublasLtMatmulAlgoGetHeuristic", why, c, desc,
                                 st == CUBLAS_STATUS_SUCCESS ? "no algorithm" : nullptr));
     }
+    /* the descriptor the heuristic saw is the plan's first */
+    std::lock_guard<std::mutex> lock(plan->mutex);
+    plan->idle_descs.push_back(md.d);
+    md.d = nullptr;
     return ga_ok();
 }
 
@@ -627,16 +695,17 @@ ga_status lt_matmul(int device, const ga_matmul_desc *desc, const LtCall &c, voi
     *plan_out = plan;
     if (!plan->usable())
         return ga_ok();
-    DescGuard md;
-    GA_TRY_STATUS(make_matmul_desc(c, &md.d));
+    DescLease md(*plan);
+    GA_TRY_STATUS(md.take(c));
     float one_f = 1.0f, zero_f = 0.0f;
     double one_d = 1.0, zero_d = 0.0;
     const void *alpha = c.scale_type == CUDA_R_64F ? (const void *)&one_d : (const void *)&one_f;
     const void *beta = c.scale_type == CUDA_R_64F ? (const void *)&zero_d : (const void *)&zero_f;
     for (int i = plan->next.load(); i < plan->nalgos; i = plan->next.load()) {
-        cublasStatus_t st = cublasLtMatmul(handle, md.d, alpha, desc->b.data, plan->a, desc->a.data,
-                                           plan->b, beta, desc->d.data, plan->c, desc->d.data,
-                                           plan->d, &plan->algos[i], workspace, workspace_size, s);
+        cublasStatus_t st =
+            cublasLtMatmul(handle, md.get(), alpha, desc->b.data, plan->a, desc->a.data, plan->b,
+                           beta, desc->d.data, plan->c, desc->d.data, plan->d, &plan->algos[i],
+                           workspace, workspace_size, s);
         if (st == CUBLAS_STATUS_SUCCESS) {
             *ran = true;
             return ga_ok();
@@ -673,7 +742,8 @@ extern "C" ga_status ga_cuda_matmul(int device, const ga_matmul_desc *desc, void
     if (desc->batch == 0 || D.rows == 0 || D.cols == 0) {
         if (report)
             *report = rep;
-        return ga_cuda_matmul_unfused(device, desc, 0, stream); /* the sums still due */
+        return ga_cuda_matmul_unfused(device, desc, 0, workspace, workspace ? workspace_size : 0,
+                                      stream); /* the sums still due */
     }
     GA_NVTX_RANGE("matmul");
     GA_WITH_DEVICE(device);
@@ -744,7 +814,7 @@ extern "C" ga_status ga_cuda_matmul(int device, const ga_matmul_desc *desc, void
         if (!done)
             plan->report(&rep, GA_FALLBACK_NO_ENGINE);
     }
-    GA_TRY_STATUS(ga_cuda_matmul_unfused(device, desc, done, stream));
+    GA_TRY_STATUS(ga_cuda_matmul_unfused(device, desc, done, workspace, workspace_size, stream));
     rep.fallback = has_epilogue || !done;
     if (report)
         *report = rep;

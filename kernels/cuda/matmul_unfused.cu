@@ -41,9 +41,11 @@ template <typename Acc> __global__ void gemm_generic_kernel(GenericArgs g)
     int tx = threadIdx.x, ty = threadIdx.y;
     for (int64_t bt = blockIdx.z; bt < g.batch; bt += gridDim.z)
         for (int64_t rt = blockIdx.y; rt * kTile < g.M; rt += gridDim.y) {
+            GA_TRIP();
             int64_t row = rt * kTile + ty, col = (int64_t)blockIdx.x * kTile + tx;
             Acc acc = 0;
             for (int64_t k0 = 0; k0 < g.K; k0 += kTile) {
+                GA_TRIP();
                 int64_t ka = k0 + tx, kb = k0 + ty;
                 as[ty][tx] = row < g.M && ka < g.K
                                  ? (Acc)load_f(g.a_dtype,
@@ -115,10 +117,13 @@ ga_tensor as_tensor(const ga_matrix &m, int64_t batch)
 
 /* a_row_sums[i] = sum over k of A[i, k] (batch 1): it does not depend on B
  * or D, so it is computed even when D is empty. */
-ga_status row_sums_of_a(int device, const ga_matmul_desc *desc, ga_stream stream)
+ga_status row_sums_of_a(int device, const ga_matmul_desc *desc, void *workspace,
+                        size_t workspace_size, ga_stream stream)
 {
     ga_act_backward_desc rs;
     memset(&rs, 0, sizeof rs);
+    rs.workspace = workspace;
+    rs.workspace_size = workspace_size;
     rs.grad_y = as_tensor(desc->a, 1);
     rs.activation = GA_ACT_NONE;
     rs.dz.dtype = desc->a.dtype;
@@ -130,12 +135,15 @@ ga_status row_sums_of_a(int device, const ga_matmul_desc *desc, ga_stream stream
 
 /* Everything the descriptor asks of the epilogue, applied to D in place
  * after a plain GEMM (paths 2 and 3). */
-ga_status run_epilogue(int device, const ga_matmul_desc *desc, ga_stream stream)
+ga_status run_epilogue(int device, const ga_matmul_desc *desc, void *workspace,
+                       size_t workspace_size, ga_stream stream)
 {
     ga_tensor d = as_tensor(desc->d, desc->batch);
     if (desc->dact != GA_ACT_NONE || desc->col_sums) {
         ga_act_backward_desc bw;
         memset(&bw, 0, sizeof bw);
+        bw.workspace = workspace;
+        bw.workspace_size = workspace_size;
         bw.grad_y = d;
         bw.activation = desc->dact;
         if (desc->dact != GA_ACT_NONE) {
@@ -163,7 +171,7 @@ ga_status run_epilogue(int device, const ga_matmul_desc *desc, ga_stream stream)
         GA_TRY_STATUS(ga_cuda_bias_activation(device, &fw, stream));
     }
     if (desc->a_row_sums)
-        GA_TRY_STATUS(row_sums_of_a(device, desc, stream));
+        GA_TRY_STATUS(row_sums_of_a(device, desc, workspace, workspace_size, stream));
     return ga_ok();
 }
 
@@ -252,6 +260,7 @@ extern "C" ga_status ga_cuda_matmul_activation(int device, const ga_matrix *z, c
 }
 
 extern "C" ga_status ga_cuda_matmul_unfused(int device, const ga_matmul_desc *desc, int gemm_done,
+                                            void *workspace, size_t workspace_size,
                                             ga_stream stream)
 {
     const ga_matrix &A = desc->a, &D = desc->d;
@@ -260,7 +269,7 @@ extern "C" ga_status ga_cuda_matmul_unfused(int device, const ga_matmul_desc *de
         if (desc->a_row_sums && A.rows > 0) {
             GA_WITH_DEVICE(device);
             if (A.cols > 0) /* N == 0: the sums over A's rows are still due */
-                return row_sums_of_a(device, desc, stream);
+                return row_sums_of_a(device, desc, workspace, workspace_size, stream);
             return zero_vector(device, desc->a_row_sums, desc->a_row_sums_dtype, A.rows,
                                ga_cu_stream(stream));
         }
@@ -274,5 +283,5 @@ extern "C" ga_status ga_cuda_matmul_unfused(int device, const ga_matmul_desc *de
     GA_WITH_DEVICE(device);
     if (!gemm_done)
         GA_TRY_STATUS(run_generic(desc, ga_cu_stream(stream)));
-    return run_epilogue(device, desc, stream);
+    return run_epilogue(device, desc, workspace, workspace_size, stream);
 }

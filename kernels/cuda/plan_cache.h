@@ -23,15 +23,17 @@
 class GaPlanCache
 {
   public:
-    std::shared_ptr<void> find(const std::string &key)
+    /* `counted` false: a lookup that repeats one already counted (the
+     * second half of a call that came back to tune after a miss). */
+    std::shared_ptr<void> find(const std::string &key, bool counted = true)
     {
         std::lock_guard<std::mutex> lock(mutex_);
         auto it = plans_.find(key);
         if (it == plans_.end()) {
-            misses_++;
+            misses_ += counted;
             return nullptr;
         }
-        hits_++;
+        hits_ += counted;
         return it->second;
     }
 

@@ -28,8 +28,10 @@ __device__ AxisTaps axis_taps(const ga_resize_axis &a, int64_t k)
     AxisTaps t;
     ga_resize_taps(&a, k, &t.first, &t.count, &t.center);
     t.total = 0;
-    for (int64_t j = 0; j < t.count; j++)
+    for (int64_t j = 0; j < t.count; j++) {
+        GA_TRIP();
         t.total += ga_resize_weight(&a, t.first + j, t.center);
+    }
     return t;
 }
 
@@ -40,6 +42,7 @@ __global__ void resize_kernel(ga_resize_job job)
     int64_t total = g.out_h * g.out_w;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
+        GA_TRIP();
         int64_t y = i / g.out_w, x = i - y * g.out_w;
         uint8_t *out = job.dst + i * 3;
         int64_t ky = y - g.y0, kx = x - g.x0;
@@ -52,9 +55,11 @@ __global__ void resize_kernel(ga_resize_job job)
         AxisTaps ty = axis_taps(g.ry, ky), tx = axis_taps(g.rx, kx);
         float acc[3] = {0.0f, 0.0f, 0.0f};
         for (int64_t j = 0; j < ty.count; j++) {
+            GA_TRIP();
             float wy = (float)(ga_resize_weight(&g.ry, ty.first + j, ty.center) / ty.total);
             const uint8_t *row = job.src + (g.ry.lo + ty.first + j) * job.src_pitch;
             for (int64_t k = 0; k < tx.count; k++) {
+                GA_TRIP();
                 float w = wy * (float)(ga_resize_weight(&g.rx, tx.first + k, tx.center) / tx.total);
                 const uint8_t *px = row + (g.rx.lo + tx.first + k) * 3;
                 acc[0] += w * px[0];
@@ -62,6 +67,7 @@ __global__ void resize_kernel(ga_resize_job job)
                 acc[2] += w * px[2];
             }
         }
+#pragma unroll
         for (int c = 0; c < 3; c++) {
             float v = acc[c] + 0.5f;
             out[c] = (uint8_t)(v <= 0.0f ? 0 : v >= 255.0f ? 255 : (int)v);

@@ -112,6 +112,31 @@ void limit_grid(const char *kernel, dim3 max);
 void for_each_launched(void (*fn)(const char *kernel, unsigned long long launches, void *ctx),
                        void *ctx);
 
+/* Launch shapes (tests/test_launch_shapes.py): a kernel marks each
+ * iteration of a loop whose trip count grows with the problem with
+ * GA_TRIP() (kernels/cuda/common.cuh), which counts it for the calling
+ * CUDA thread here. */
+void count_trip();
+
+/* One launch as a GPU would get it: the grid asked for (before any
+ * limit_grid), the block, how many blocks ran here, and the most loop
+ * iterations (GA_TRIP) one thread of those blocks made. */
+struct LaunchRecord {
+    char kernel[160]; /* without template arguments */
+    dim3 grid, block;
+    unsigned long long blocks_run, max_trips;
+};
+
+/* While on, every launch is recorded (turning it on clears the record). */
+void record_launches(bool on);
+void for_each_launch(void (*fn)(const LaunchRecord &launch, void *ctx), void *ctx);
+
+/* While on, a launch runs only the first and the last block of its grid
+ * (in the grid's linear order): enough to see a launch's shape and the
+ * serial work of its threads at sizes where running every block on the CPU
+ * would take far too long.  Its results are not the kernel's. */
+void sample_blocks(bool on);
+
 template <class... Params> class Launch
 {
   public:

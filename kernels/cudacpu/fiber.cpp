@@ -99,6 +99,7 @@ struct Thread {
     Fiber *fiber = nullptr; /* null: not started, or returned */
     uint3 idx;
     int linear = 0;
+    unsigned long long trips = 0; /* GA_TRIP()s of this thread in this block */
     State state = State::Ready;
     Site site = {nullptr, 0};
     /* a barrier */
@@ -126,6 +127,7 @@ struct Grid {
     Context scheduler;
     bool failed = false;
     std::string error;
+    unsigned long long max_trips = 0, blocks_run = 0;
 #ifdef CUDACPU_ASAN
     const void *scheduler_stack = nullptr;
     size_t scheduler_stack_size = 0;
@@ -152,6 +154,8 @@ struct GridLimit {
 };
 std::vector<GridLimit> grid_limits;
 std::map<std::string, unsigned long long> launches_by_kernel;
+bool recording = false, sampling = false;
+std::vector<LaunchRecord> launch_records;
 unsigned long long rng_state = 0;
 std::string rng_seeded_for; /* the schedule string rng_state was seeded for */
 
@@ -742,6 +746,7 @@ bool run_block(Grid &g, Order how)
         t.idx.y = (unsigned)i / g.block.x % g.block.y;
         t.idx.z = (unsigned)i / (g.block.x * g.block.y);
         t.state = State::Ready;
+        t.trips = 0;
     }
 #ifdef CUDACPU_TSAN
     __tsan_release(&g.block_start);
@@ -789,6 +794,9 @@ bool run_block(Grid &g, Order how)
 #ifdef CUDACPU_TSAN
     __tsan_acquire(&g.block_end);
 #endif
+    for (const Thread &t : g.threads)
+        g.max_trips = std::max(g.max_trips, t.trips);
+    g.blocks_run++;
     return true;
 }
 
@@ -973,6 +981,7 @@ void launch(const char *kernel, dim3 grid, dim3 block, size_t shared_bytes, cuda
     }
     std::string name = base_name(kernel);
     launches_by_kernel[name]++;
+    dim3 asked = grid;
     apply_grid_limit(name, &grid);
     Grid g;
     g.kernel = kernel;
@@ -1013,6 +1022,8 @@ void launch(const char *kernel, dim3 grid, dim3 block, size_t shared_bytes, cuda
                                : how == Order::Reverse
                                    ? nblocks - 1 - k
                                    : (unsigned long long)(((unsigned __int128)a * k + c) % nblocks);
+        if (sampling && b != 0 && b != nblocks - 1)
+            continue;
         g.block_idx.x = (unsigned)(b % grid.x);
         g.block_idx.y = (unsigned)(b / grid.x % grid.y);
         g.block_idx.z = (unsigned)(b / ((unsigned long long)grid.x * grid.y));
@@ -1027,6 +1038,15 @@ void launch(const char *kernel, dim3 grid, dim3 block, size_t shared_bytes, cuda
     }
     in_launch = false;
     running = nullptr;
+    if (recording) {
+        LaunchRecord r;
+        snprintf(r.kernel, sizeof r.kernel, "%s", name.c_str());
+        r.grid = asked;
+        r.block = block;
+        r.blocks_run = g.blocks_run;
+        r.max_trips = g.max_trips;
+        launch_records.push_back(r);
+    }
 }
 
 void for_each_launched(void (*fn)(const char *kernel, unsigned long long launches, void *ctx),
@@ -1035,6 +1055,34 @@ void for_each_launched(void (*fn)(const char *kernel, unsigned long long launche
     std::lock_guard<std::mutex> lock(launch_mutex);
     for (const auto &kv : launches_by_kernel)
         fn(kv.first.c_str(), kv.second, ctx);
+}
+
+void count_trip()
+{
+    Thread *t = running_thread();
+    if (t)
+        t->trips++;
+}
+
+void record_launches(bool on)
+{
+    std::lock_guard<std::mutex> lock(launch_mutex);
+    recording = on;
+    if (on)
+        launch_records.clear();
+}
+
+void for_each_launch(void (*fn)(const LaunchRecord &launch, void *ctx), void *ctx)
+{
+    std::lock_guard<std::mutex> lock(launch_mutex);
+    for (const LaunchRecord &r : launch_records)
+        fn(r, ctx);
+}
+
+void sample_blocks(bool on)
+{
+    std::lock_guard<std::mutex> lock(launch_mutex);
+    sampling = on;
 }
 
 } // namespace cudacpu

@@ -62,20 +62,25 @@
  * conv.cu, a capturing conv runs only with a plan its thread made eagerly
  * for the same problem.  Each operand's byte extent must lie in one
  * allocation of the kernel's device or in pinned memory (a small
- * memcheck).  Timings and engine choice are not simulated.
+ * memcheck).  Timings and engine choice are not simulated; cuDNN's plan
+ * cache is, as far as csrc/ sees it (see conv_setup).
  *
  * Environment: GPUACCEL_SIM_DEVICES (default 2) devices of 16 GiB each;
  * GPUACCEL_SIM_EVENT_QUERY_FAILS=1 (read at each query) makes event
  * queries fail as on a device that hit a fault (cudaErrorLaunchFailure).
  */
+#define _POSIX_C_SOURCE 200809L /* nanosleep, strdup */
+
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <nvtx3/nvToolsExt.h>
 
+#include "../conv_key.h"
 #include "../cuda/fallback.h"
 #include "../kernels.h"
 
@@ -166,7 +171,13 @@ typedef struct {
             int max_metrics;
             int64_t capacity, first_step, nsteps;
         } reset;
-        ga_matmul_desc matmul;
+        struct {
+            ga_matmul_desc desc;
+            /* the bias gradient's partial sums go here: a replay passes it
+             * again (inside a capture, memory the graph owns) */
+            void *workspace;
+            size_t workspace_size;
+        } matmul;
         ga_conv_desc conv;
         struct {
             ga_conv_geometry geom;
@@ -1515,7 +1526,9 @@ static ga_status run_op(const sim_op *op, ga_stream stream, const vclock *v)
         return ga_sim_kernel_logger_reset_window(d, op->u.reset.state, op->u.reset.max_metrics,
                                                  op->u.reset.capacity, op->u.reset.first_step,
                                                  op->u.reset.nsteps, stream);
-    case OP_MATMUL: return ga_cuda_matmul_unfused(d, &op->u.matmul, 0, stream);
+    case OP_MATMUL:
+        return ga_cuda_matmul_unfused(d, &op->u.matmul.desc, 0, op->u.matmul.workspace,
+                                      op->u.matmul.workspace_size, stream);
     case OP_CONV_FORWARD: return ga_cuda_conv2d_forward_direct(d, &op->u.conv, stream);
     case OP_CONV_BACKWARD: {
         const ga_conv_geometry *g = &op->u.conv_backward.geom;
@@ -1531,8 +1544,8 @@ static ga_status run_op(const sim_op *op, ga_stream stream, const vclock *v)
 
 /* conv.cu runs a capturing call only with a cuDNN plan its thread has
  * ready (plans are kept per thread, whatever the stream): the problems
- * each thread ran eagerly, as hashes of their shapes, strides, dtypes,
- * geometry, epilogue and workspace size. */
+ * each thread ran eagerly, as hashes of their device and key
+ * (kernels/conv_key.h, the key of conv.cu's plan cache). */
 typedef struct {
     uint64_t thread, key;
 } conv_plan;
@@ -1547,18 +1560,6 @@ static uint64_t hash_bytes(uint64_t h, const void *p, size_t n)
         h *= 1099511628211ull; /* FNV-1a */
     }
     return h;
-}
-
-static uint64_t hash_tensor(uint64_t h, const ga_tensor *t)
-{
-    int present = t->data != NULL;
-    h = hash_bytes(h, &present, sizeof present);
-    if (!present)
-        return h;
-    h = hash_bytes(h, &t->dtype, sizeof t->dtype);
-    h = hash_bytes(h, &t->ndim, sizeof t->ndim);
-    h = hash_bytes(h, t->shape, (size_t)t->ndim * sizeof t->shape[0]);
-    return hash_bytes(h, t->strides, (size_t)t->ndim * sizeof t->strides[0]);
 }
 
 static int conv_plan_ready(uint64_t key)
@@ -1674,7 +1675,7 @@ ga_status ga_cuda_fill(int device, const ga_tensor *dst, ga_scalar value, ga_str
  * run end to end.  The workspace is taken as written by every call, as a
  * library call may. */
 
-static uint64_t matmul_calls, conv_calls;
+static uint64_t matmul_calls;
 
 /* A library refusal injected by tests: GPUACCEL_SIM_FALLBACK="<reason>:
  * <status>:<text>" (reason: a ga_fallback_reason value) makes every matmul
@@ -1719,7 +1720,9 @@ ga_status ga_cuda_matmul(int device, const ga_matmul_desc *desc, void *workspace
         bytes_operand(workspace, workspace_size, 1),
     };
     sim_op op = {.kind = OP_MATMUL, .device = device};
-    op.u.matmul = *desc;
+    op.u.matmul.desc = *desc;
+    op.u.matmul.workspace = workspace;
+    op.u.matmul.workspace_size = workspace_size;
     ga_status status = ga_cuda_matmul_check(desc);
     if (!status.error)
         status = kernel(device, stream, &op, ops, (int)(sizeof ops / sizeof *ops), 0);
@@ -1745,6 +1748,11 @@ ga_status ga_cuda_bias_activation(int device, const ga_bias_act_desc *desc, ga_s
     return kernel(device, stream, &op, ops, (int)(sizeof ops / sizeof *ops), 0);
 }
 
+size_t ga_cuda_activation_backward_workspace(const ga_act_backward_desc *desc)
+{
+    return ga_sim_kernel_activation_backward_workspace(desc);
+}
+
 ga_status ga_cuda_activation_backward(int device, const ga_act_backward_desc *desc,
                                       ga_stream stream)
 {
@@ -1755,47 +1763,151 @@ ga_status ga_cuda_activation_backward(int device, const ga_act_backward_desc *de
         tensor_operand(&desc->dz, 1),
         bytes_operand(desc->bias_grad, ga_dtype_itemsize(desc->bias_grad_dtype) * (size_t)channels,
                       1),
+        bytes_operand(desc->workspace, desc->workspace_size, 1),
     };
     sim_op op = {.kind = OP_ACTIVATION_BACKWARD, .device = device};
     op.u.act_backward = *desc;
     return kernel(device, stream, &op, ops, (int)(sizeof ops / sizeof *ops), 0);
 }
 
-/* cuDNN's engine choice, for csrc/'s tuning file: "sim" is the one engine;
- * a call without a preference (or with another name) tunes, one with it
- * reuses it.  The direct kernels compute, as on the direct route. */
-static void conv_tuning_report(ga_conv_tuning *tuning)
+/* cuDNN's plan cache, as csrc/ sees it through ga_conv_tuning (kernels.h):
+ * problems keyed as kernels/cuda keys them (kernels/conv_key.h).  A call
+ * that may not tune, of a problem not met before, runs nothing and asks
+ * for setup; the call that sets it up "tunes" — "sim" is the one engine: a
+ * call that prefers it reuses it, any other tunes — taking
+ * GPUACCEL_SIM_TUNE_SECONDS of wall time when that is set (a search takes
+ * time, and tests see whether the caller let other threads run meanwhile);
+ * later calls hit.  The direct kernels compute, as on the direct route. */
+typedef struct sim_plan {
+    int device;
+    char *key;
+    struct sim_plan *next;
+} sim_plan;
+
+static sim_plan *sim_plans;
+static uint64_t sim_conv_hits, sim_conv_misses;
+
+static int sim_plan_known(int device, const char *key)
 {
-    int reuse = tuning->preferred && strcmp(tuning->preferred, "sim") == 0;
-    snprintf(tuning->chosen, sizeof tuning->chosen, "sim");
-    memset(&tuning->report, 0, sizeof tuning->report);
-    tuning->report.fallback = 1;
-    tuning->report.tuned = !reuse;
-    sim_inject_fallback(&tuning->report);
-    pthread_mutex_lock(&sim_lock);
-    conv_calls++;
-    pthread_mutex_unlock(&sim_lock);
+    for (sim_plan *p = sim_plans; p; p = p->next)
+        if (p->device == device && strcmp(p->key, key) == 0)
+            return 1;
+    return 0;
 }
 
-/* What conv.cu keys its plans by (the pointers aside): `op` (0 forward, 1
- * input gradient, 2 weight gradient), the geometry, the tensors, the
- * epilogue and the workspace size. */
-static uint64_t conv_key(int op, const ga_conv_geometry *g, const ga_tensor *const *ts, int n,
-                         int has_bias, ga_activation act, size_t workspace_size)
+static void sim_tune_delay(void)
 {
-    uint64_t h = hash_bytes(14695981039346656037ull, &op, sizeof op);
-    h = hash_bytes(h, g, sizeof *g);
-    for (int k = 0; k < n; k++)
-        h = hash_tensor(h, ts[k]);
-    h = hash_bytes(h, &has_bias, sizeof has_bias);
-    h = hash_bytes(h, &act, sizeof act);
-    h = hash_bytes(h, &workspace_size, sizeof workspace_size);
-    return h ? h : 1;
+    const char *env = getenv("GPUACCEL_SIM_TUNE_SECONDS");
+    double seconds = env && *env ? strtod(env, NULL) : 0.0;
+    if (seconds > 0) {
+        struct timespec ts;
+        ts.tv_sec = (time_t)seconds;
+        ts.tv_nsec = (long)((seconds - (double)ts.tv_sec) * 1e9);
+        nanosleep(&ts, NULL);
+    }
+}
+
+static const char *const conv_op_names[3] = {"conv2d", "conv2d_backward (input gradient)",
+                                             "conv2d_backward (weight gradient)"};
+
+/* Whether `stream` of `device` is captured now (an unknown stream is
+ * left to the submission, which reports it). */
+static int stream_captured(int device, ga_stream stream)
+{
+    pthread_mutex_lock(&sim_lock);
+    sim_stream *s = NULL;
+    int captured = !resolve(device, stream, &s).error && s->capture;
+    pthread_mutex_unlock(&sim_lock);
+    return captured;
+}
+
+/* The plan-cache half of a conv call: 1 when the call is done (it came
+ * back for setup), 0 when the direct kernels are to run; *status a failure.
+ * *capture_key: the problem's key for the capture check (see conv_plans),
+ * 0 when it has none (conv.cu then takes the direct kernels, which a
+ * capture may run).  As conv.cu, a search (a problem not met before) is
+ * refused inside a capture before it starts. */
+static int conv_setup(int device, ga_stream stream, ga_conv_key_op op, const ga_conv_geometry *geom,
+                      const ga_tensor *x, const ga_tensor *w, const ga_tensor *y, const void *bias,
+                      ga_activation act, const ga_tensor *preact, size_t workspace_size,
+                      const ga_tensor *out, ga_conv_tuning *tuning, uint64_t *capture_key,
+                      ga_status *status)
+{
+    *status = ga_ok();
+    *capture_key = 0;
+    if (tuning) {
+        tuning->needs_setup = 0;
+        tuning->choice_cached = 0;
+        tuning->key[0] = '\0';
+        tuning->chosen[0] = '\0';
+        memset(&tuning->report, 0, sizeof tuning->report);
+    }
+    int64_t numel = 1;
+    for (int d = 0; d < out->ndim && d < GA_MAX_NDIM; d++)
+        numel *= out->shape[d];
+    char key[GA_CONV_KEY_MAX];
+    if (numel == 0 ||
+        !ga_conv_key(key, sizeof key, op, geom, x, w, y, bias, act, preact, workspace_size))
+        return 0; /* nothing to key: the kernels check and run (or do nothing) */
+    uint64_t h = hash_bytes(14695981039346656037ull, &device, sizeof device);
+    h = hash_bytes(h, key, strlen(key));
+    *capture_key = h ? h : 1;
+    int may_tune = !tuning || tuning->may_tune;
+    pthread_mutex_lock(&sim_lock);
+    int known = sim_plan_known(device, key);
+    if (!tuning || !may_tune) {
+        sim_conv_hits += known;
+        sim_conv_misses += !known;
+    }
+    pthread_mutex_unlock(&sim_lock);
+    if (tuning)
+        snprintf(tuning->key, sizeof tuning->key, "%s", key);
+    if (!known && !may_tune) {
+        tuning->needs_setup = 1;
+        return 1;
+    }
+    int tuned = 0;
+    if (!known && stream_captured(device, stream)) {
+        *status = refuse_conv_capture(conv_op_names[op]);
+        return 1;
+    }
+    if (!known) {
+        sim_tune_delay(); /* the search, outside the lock as cuDNN's would be */
+        tuned = !(tuning && tuning->preferred && strcmp(tuning->preferred, "sim") == 0);
+        sim_plan *p = malloc(sizeof *p);
+        char *copy = strdup(key);
+        if (!p || !copy) {
+            free(p);
+            free(copy);
+            *status = GA_STATUS(GA_ERR_HOST_OUT_OF_MEMORY, "simulated cuDNN: plan cache");
+            return 1;
+        }
+        pthread_mutex_lock(&sim_lock);
+        p->device = device;
+        p->key = copy;
+        p->next = sim_plans;
+        sim_plans = p;
+        pthread_mutex_unlock(&sim_lock);
+    }
+    if (tuning) {
+        snprintf(tuning->chosen, sizeof tuning->chosen, "sim");
+        tuning->report.fallback = 1;
+        tuning->report.tuned = tuned;
+        tuning->report.cache_hit = known;
+        sim_inject_fallback(&tuning->report);
+    }
+    return 0;
 }
 
 ga_status ga_cuda_conv2d_forward(int device, const ga_conv_desc *desc, void *workspace,
                                  size_t workspace_size, ga_stream stream, ga_conv_tuning *tuning)
 {
+    ga_status status;
+    uint64_t key;
+    if (conv_setup(device, stream, GA_CONV_KEY_FWD, &desc->geom, &desc->x, &desc->w, &desc->y,
+                   desc->bias, desc->activation, &desc->preact, workspace ? workspace_size : 0,
+                   &desc->y, tuning, &key, &status))
+        return status;
     sim_operand ops[] = {
         tensor_operand(&desc->x, 0),
         tensor_operand(&desc->w, 0),
@@ -1806,22 +1918,23 @@ ga_status ga_cuda_conv2d_forward(int device, const ga_conv_desc *desc, void *wor
     };
     sim_op op = {.kind = OP_CONV_FORWARD, .device = device};
     op.u.conv = *desc;
-    const ga_tensor *ts[] = {&desc->x, &desc->w, &desc->y, &desc->preact};
-    uint64_t key = conv_key(0, &desc->geom, ts, 4, desc->bias != NULL, desc->activation,
-                            workspace ? workspace_size : 0);
-    ga_status status = kernel(device, stream, &op, ops, (int)(sizeof ops / sizeof *ops), key);
-    if (!status.error)
-        conv_tuning_report(tuning);
-    return status;
+    return kernel(device, stream, &op, ops, (int)(sizeof ops / sizeof *ops), key);
 }
 
 /* Both backward passes: `a` and `b` read, `out` written (dx from dy and w,
- * or dw from x and dy). */
+ * or dw from x and dy); x, w, y: the same in conv roles, for the key. */
 static ga_status conv_backward(int device, const ga_conv_geometry *geom, const ga_tensor *a,
                                const ga_tensor *b, const ga_tensor *out, int filter,
                                void *workspace, size_t workspace_size, ga_stream stream,
                                ga_conv_tuning *tuning)
 {
+    const ga_tensor *x = filter ? a : out, *w = filter ? out : b, *y = filter ? b : a;
+    ga_status status;
+    uint64_t key;
+    if (conv_setup(device, stream, filter ? GA_CONV_KEY_BWD_FILTER : GA_CONV_KEY_BWD_DATA, geom, x,
+                   w, y, NULL, GA_ACT_NONE, NULL, workspace ? workspace_size : 0, out, tuning, &key,
+                   &status))
+        return status;
     sim_operand ops[] = {tensor_operand(a, 0), tensor_operand(b, 0), tensor_operand(out, 1),
                          bytes_operand(workspace, workspace_size, 1)};
     sim_op op = {.kind = OP_CONV_BACKWARD, .device = device};
@@ -1830,13 +1943,7 @@ static ga_status conv_backward(int device, const ga_conv_geometry *geom, const g
     op.u.conv_backward.b = *b;
     op.u.conv_backward.out = *out;
     op.u.conv_backward.filter = filter;
-    const ga_tensor *ts[] = {a, b, out};
-    uint64_t key =
-        conv_key(1 + filter, geom, ts, 3, 0, GA_ACT_NONE, workspace ? workspace_size : 0);
-    ga_status status = kernel(device, stream, &op, ops, (int)(sizeof ops / sizeof *ops), key);
-    if (!status.error)
-        conv_tuning_report(tuning);
-    return status;
+    return kernel(device, stream, &op, ops, (int)(sizeof ops / sizeof *ops), key);
 }
 
 ga_status ga_cuda_conv2d_backward_data(int device, const ga_conv_geometry *geom,
@@ -1862,8 +1969,8 @@ void ga_cuda_plan_cache_stats(uint64_t *matmul_hits, uint64_t *matmul_misses, ui
     pthread_mutex_lock(&sim_lock);
     *matmul_hits = matmul_calls ? matmul_calls - 1 : 0;
     *matmul_misses = matmul_calls ? 1 : 0;
-    *conv_hits = 0;
-    *conv_misses = conv_calls;
+    *conv_hits = sim_conv_hits;
+    *conv_misses = sim_conv_misses;
     pthread_mutex_unlock(&sim_lock);
 }
 

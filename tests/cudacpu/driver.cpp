@@ -30,15 +30,25 @@
  *   dtype FIELD DTYPE
  *   text FIELD WORD
  *   limit_grid KERNEL X Y Z        see cudacpu::limit_grid
+ *   zeros NAME BYTES               a buffer of zeros with no .bin file, no
+ *                                  guard zones and no .out file: memory a
+ *                                  launch-shape case needs only to exist
+ *   record                         write every launch of the cuda side to
+ *                                  launches.txt: "KERNEL GX GY GZ BX BY BZ
+ *                                  BLOCKS_RUN MAX_TRIPS" (cudacpu::LaunchRecord)
+ *   sample_blocks                  run the first and last block of each
+ *                                  launch only (cudacpu::sample_blocks)
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/asan_interface.h>
 #endif
 
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -102,6 +112,8 @@ struct Case {
         unsigned x, y, z;
     };
     std::vector<Limit> limits;
+    std::map<std::string, size_t> zeros;
+    bool record = false, sample = false;
 };
 
 std::vector<char> read_file(const std::string &path, size_t expect)
@@ -199,6 +211,14 @@ Case read_case(const std::string &dir)
         } else if (kind == "text") {
             in >> field;
             in >> c.texts[field];
+        } else if (kind == "zeros") {
+            size_t bytes;
+            in >> field >> bytes;
+            c.zeros[field] = bytes;
+        } else if (kind == "record") {
+            c.record = true;
+        } else if (kind == "sample_blocks") {
+            c.sample = true;
         } else if (kind == "limit_grid") {
             Case::Limit l;
             in >> l.kernel >> l.x >> l.y >> l.z;
@@ -246,6 +266,14 @@ class Side
 #endif
             memory_[kv.first] = g;
         }
+        for (const auto &kv : c.zeros) {
+            /* untouched pages cost nothing: a sampled launch reads few */
+            void *p = mmap(nullptr, kv.second ? kv.second : 1, PROT_READ | PROT_WRITE,
+                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+            if (p == MAP_FAILED)
+                throw Fail{"cannot map " + std::to_string(kv.second) + " bytes for " + kv.first};
+            zeros_[kv.first] = std::make_pair((char *)p, kv.second ? kv.second : 1);
+        }
     }
     ~Side()
     {
@@ -255,6 +283,8 @@ class Side
 #endif
             free(kv.second.base);
         }
+        for (auto &kv : zeros_)
+            munmap(kv.second.first, kv.second.second);
     }
     Side(const Side &) = delete;
     Side &operator=(const Side &) = delete;
@@ -279,6 +309,9 @@ class Side
     {
         if (r.buffer.empty())
             return nullptr;
+        auto z = zeros_.find(r.buffer);
+        if (z != zeros_.end())
+            return z->second.first + r.offset;
         auto it = memory_.find(r.buffer);
         if (it == memory_.end())
             throw Fail{"unknown buffer " + r.buffer};
@@ -356,6 +389,7 @@ class Side
 
     const Case &c_;
     std::map<std::string, Guarded> memory_;
+    std::map<std::string, std::pair<char *, size_t>> zeros_;
 };
 
 ga_conv_geometry geometry(const Side &s)
@@ -457,6 +491,13 @@ ga_status run(const std::string &op, const Side &s, bool cuda)
         d.bias_grad = s.ptr("bias_grad");
         d.bias_grad_dtype = s.dtype("bias_grad_dtype");
         d.channel_dim = (int)s.integer("channel_dim");
+        /* split 1: the workspace the call asks for, as csrc gives it */
+        std::vector<double> scratch;
+        if (cuda && s.integer("split")) {
+            d.workspace_size = ga_cuda_activation_backward_workspace(&d);
+            scratch.resize((d.workspace_size + sizeof(double) - 1) / sizeof(double));
+            d.workspace = d.workspace_size ? scratch.data() : nullptr;
+        }
         return cuda ? ga_cuda_activation_backward(device, &d, stream)
                     : ga_cpu_activation_backward(&d);
     }
@@ -465,7 +506,13 @@ ga_status run(const std::string &op, const Side &s, bool cuda)
         if (!cuda)
             return ga_cpu_matmul(&d);
         GA_TRY_STATUS(ga_cuda_matmul_check(&d));
-        return ga_cuda_matmul_unfused(device, &d, 0, stream);
+        /* split 1: a workspace for the sums' partial results, as ga_cuda_matmul
+         * hands over its own (2 KiB per channel: 256 chunks of doubles) */
+        std::vector<double> scratch;
+        if (s.integer("split"))
+            scratch.resize((size_t)std::max(d.d.cols, d.a.rows) * 256);
+        return ga_cuda_matmul_unfused(device, &d, 0, scratch.data(),
+                                      scratch.size() * sizeof(double), stream);
     }
     if (op == "matmul_split") {
         /* matmul.cu's split route: the GEMM and its bias into the
@@ -480,7 +527,7 @@ ga_status run(const std::string &op, const Side &s, bool cuda)
         if (d.preact.data)
             z.d = d.preact;
         memset(&z.preact, 0, sizeof z.preact);
-        GA_TRY_STATUS(ga_cuda_matmul_unfused(device, &z, 0, stream));
+        GA_TRY_STATUS(ga_cuda_matmul_unfused(device, &z, 0, nullptr, 0, stream));
         return ga_cuda_matmul_activation(device, &z.d, &d.d, d.batch, d.activation, stream);
     }
     if (op == "conv_fwd") {
@@ -511,8 +558,9 @@ ga_status run(const std::string &op, const Side &s, bool cuda)
         ga_normalize_desc d;
         memset(&d, 0, sizeof d);
         d.src = (const uint8_t *)s.ptr("src");
-        d.dst = s.ptr("dst");
         d.dtype = s.dtype("dtype");
+        /* dst_skip: the output starts that many elements into its buffer */
+        d.dst = (char *)s.ptr("dst") + s.integer("dst_skip") * (int64_t)ga_dtype_itemsize(d.dtype);
         d.n = s.integer("n");
         d.h = s.integer("h");
         d.w = s.integer("w");
@@ -585,6 +633,13 @@ ga_status run(const std::string &op, const Side &s, bool cuda)
     throw Fail{"unknown op " + op};
 }
 
+void write_launch(const cudacpu::LaunchRecord &r, void *out)
+{
+    *(std::ofstream *)out << r.kernel << " " << r.grid.x << " " << r.grid.y << " " << r.grid.z
+                          << " " << r.block.x << " " << r.block.y << " " << r.block.z << " "
+                          << r.blocks_run << " " << r.max_trips << "\n";
+}
+
 void run_case(const std::string &dir)
 {
     Case c = read_case(dir);
@@ -595,7 +650,15 @@ void run_case(const std::string &dir)
             continue;
         const char *side = cuda ? "cuda" : "cpu";
         Side s(c);
+        cudacpu::record_launches(cuda && c.record);
+        cudacpu::sample_blocks(cuda && c.sample);
         std::string status = status_text(run(c.op, s, cuda));
+        cudacpu::sample_blocks(false);
+        if (cuda && c.record) {
+            std::ofstream launches(dir + "/launches.txt");
+            cudacpu::for_each_launch(write_launch, &launches);
+            cudacpu::record_launches(false);
+        }
 #if !defined(__SANITIZE_ADDRESS__)
         std::string broken = s.guards_broken();
         if (!broken.empty())

@@ -23,6 +23,8 @@
 
 #include "probe.h"
 
+#include <map>
+
 namespace conv_probe
 {
 
@@ -328,6 +330,48 @@ template <typename F> ga_status recorded(F &&build)
     return st;
 }
 
+/* A plan's variant packs (PackCache) over a run of calls whose pointers
+ * are the problem's moved by 0 (the first call's), 0, 1, 0, 2, 3, 4, 0 MiB:
+ * for each call, how many packs the cache has made by then and whether the
+ * pack it gave holds that call's pointers (as recorded when it was made). */
+std::string pack_cache_json(const Graph &g, const Problem &p)
+{
+    static const int shifts[] = {0, 0, 1, 0, 2, 3, 4, 0};
+    PackCache cache;
+    std::vector<void *> first = graph_pointers(g, p);
+    std::map<const Desc *, std::string> recorded_pointers;
+    std::vector<std::string> calls;
+    for (int shift : shifts) {
+        std::vector<void *> pointers = first;
+        for (void *&ptr : pointers)
+            ptr = (char *)ptr + ((size_t)shift << 20);
+        const Desc *pack = nullptr;
+        uint64_t before = cache.made();
+        g_log.clear();
+        g_recording = true;
+        ga_status st = cache.get(g, pointers, p.ws, &pack);
+        g_recording = false;
+        if (st.error)
+            return JsonObject().raw("status", json_status(st)).str();
+        if (cache.made() != before) /* a new pack: what was set on it */
+            for (const Recorded &r : g_log)
+                if (r.type == CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR)
+                    for (const std::string &a : r.attrs)
+                        if (a.find("\"name\": " +
+                                   std::to_string((int)CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS)) !=
+                            std::string::npos)
+                            recorded_pointers[pack] = a;
+        std::vector<std::string> want;
+        for (void *ptr : pointers)
+            want.push_back(std::to_string((uint64_t)(uintptr_t)ptr));
+        const std::string &set = recorded_pointers[pack];
+        bool holds = set.find("\"values\": " + json_array(want)) != std::string::npos;
+        calls.push_back(
+            JsonObject().integer("made", (int64_t)cache.made()).boolean("holds", holds).str());
+    }
+    return JsonObject().raw("status", "null").raw("calls", json_array(calls)).str();
+}
+
 std::string graph_json(const Problem &p, GraphKind kind)
 {
     JsonObject o;
@@ -354,6 +398,7 @@ std::string graph_json(const Problem &p, GraphKind kind)
         o.raw("variant_pack",
               JsonObject().raw("status", json_status(vs)).raw("descriptors", log_json()).str());
     }
+    o.raw("pack_cache", pack_cache_json(*g, p));
     return o.str();
 }
 
@@ -445,10 +490,18 @@ std::string probe_conv(const ProbeCase &c)
             auto e = std::make_shared<Entry>();
             e->route = ROUTE_DIRECT;
             e->chosen = "direct";
-            ga_conv_plan_cache().insert(make_key(0, p), e);
+            ga_conv_plan_cache().insert(plan_cache_key(0, p), e);
         }
         uint64_t before = ga_conv_plan_cache().misses();
+        /* as csrc/conv.c calls: first without tuning, then (after a miss) with */
         ga_status st = run(0, p, (ga_stream)0, &tuning);
+        o.boolean("run_needs_setup", tuning.needs_setup != 0);
+        o.boolean("run_choice_cached", tuning.choice_cached != 0);
+        o.string("run_key", tuning.key);
+        if (!st.error && tuning.needs_setup) {
+            tuning.may_tune = 1;
+            st = run(0, p, (ga_stream)0, &tuning);
+        }
         o.raw("run_status", json_status(st));
         o.integer("run_cache_lookups", (int64_t)(ga_conv_plan_cache().misses() - before));
         o.boolean("run_took_handle", held_handle(0) != nullptr);
@@ -502,40 +555,70 @@ std::string probe_cudnn_last_error(const ProbeCase &c)
     return o.str();
 }
 
-/* What conv.cu makes of a sequence of refusals met in one search (the
- * statuses in order; -1: plans that finalized but did not run): the
- * reason it reports, with the status and text of the most severe. */
+/* What conv.cu makes of the refusals one graph's search meets, in order:
+ * "c<status>" an engine config refused (-1: a mode's plans finalized but
+ * none ran), "f" a config gpuaccel's rules excluded, "w<status>" the graph
+ * or a heuristic mode refused as a whole.  Replies with the route's reason,
+ * status and text (never below `floor`). */
 std::string probe_cudnn_refusal(const ProbeCase &c)
 {
     JsonObject o;
     o.string("id", c.text("id"));
-    Refusal why;
-    std::vector<int64_t> statuses = c.integers("statuses");
-    for (size_t i = 0; i < statuses.size(); i++) {
+    SearchRefusals why;
+    std::string list = c.text("refusals");
+    size_t pos = 0;
+    for (int i = 0; pos < list.size(); i++) {
+        size_t end = list.find(',', pos);
+        if (end == std::string::npos)
+            end = list.size();
+        std::string item = list.substr(pos, end - pos);
+        pos = end + 1;
         std::string text = "refusal " + std::to_string(i);
-        ga_status st = ga_status_make(GA_ERR_NOT_SUPPORTED, (int)statuses[i], "STATUS",
-                                      text.c_str(), "call", __FILE__, __LINE__);
-        why.keep(st, (ga_fallback_reason)c.integer("floor", 0));
+        int status = item.size() > 1 ? (int)strtol(item.c_str() + 1, nullptr, 10) : 0;
+        ga_status st = ga_status_make(GA_ERR_NOT_SUPPORTED, status, "STATUS", text.c_str(), "call",
+                                      __FILE__, __LINE__);
+        if (item[0] == 'c')
+            why.config(st);
+        else if (item[0] == 'w')
+            why.whole(st);
+        else
+            why.filtered(text.c_str());
     }
-    o.integer("reason", (int64_t)why.reason).integer("status", why.status).string("text", why.text);
+    Refusal r = why.reason((ga_fallback_reason)c.integer("floor", 0));
+    o.integer("reason", (int64_t)r.reason).integer("status", r.status).string("text", r.text);
     return o.str();
 }
 
-/* conv.cu's search bound: how many finalizations a search makes when every
- * one yields a plan (`yield=1`) or none does, deterministic or timed. */
+/* The search budget of one shape: `routes` graphs searched in turn (the
+ * last the last resort), each finalization taking `seconds` of a clock the
+ * probe advances, yielding a plan (`yield=1`) or not; a graph stops at the
+ * plans it needs.  Replies with the finalizations each graph made. */
 std::string probe_search_budget(const ProbeCase &c)
 {
     JsonObject o;
     o.string("id", c.text("id"));
     SearchBudget budget(c.integer("deterministic", 0) != 0);
-    int plans = 0, finalizations = 0;
     bool yield = c.integer("yield", 1) != 0;
-    while (budget.allows(plans) && finalizations < 1000) {
-        budget.finalizations--;
-        finalizations++;
-        plans += yield;
+    int routes = (int)c.integer("routes", 1);
+    double seconds = strtod(c.text("seconds").empty() ? "0" : c.text("seconds").c_str(), nullptr);
+    auto now = budget.start;
+    std::vector<int64_t> made;
+    for (int r = 0; r < routes; r++) {
+        budget.last_resort = r == routes - 1;
+        int plans = 0, finalizations = 0;
+        while (budget.allows(plans, now) && finalizations < 1000) {
+            budget.spend();
+            finalizations++;
+            now += std::chrono::duration_cast<SearchBudget::Clock::duration>(
+                std::chrono::duration<double>(seconds));
+            plans += yield;
+        }
+        made.push_back(finalizations);
+        if (plans)
+            break; /* the route ran: no later one is searched */
     }
-    o.integer("finalizations", finalizations).integer("plans", plans);
+    o.integers("finalizations", made.data(), (int64_t)made.size());
+    o.number("elapsed", std::chrono::duration<double>(now - budget.start).count());
     return o.str();
 }
 

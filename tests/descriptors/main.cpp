@@ -13,7 +13,9 @@
 
 #include "probe.h"
 
-/* The plan caches, as the extension has them. */
+/* The plan caches, as the extension has them, and the conv key they are
+ * looked up by. */
+#include "kernels/conv_key.c"
 #include "kernels/cuda/plan_cache.cu"
 
 #include "kernels/cuda/conv_direct.cuh"

@@ -95,6 +95,45 @@ std::string desc_json(cublasLtMatmulDesc_t d)
     return o.str();
 }
 
+/* The plan's descriptor pool (DescLease) over three calls: the first
+ * makes one, the second (after the first is done, with every pointer moved
+ * by `shift`) takes it back with only its pointers set anew, the third
+ * overlaps a fourth, which makes another. */
+std::string lease_json(const LtCall &c, uintptr_t shift = 0x100)
+{
+    JsonObject o;
+    LtPlan plan;
+    LtCall moved = c;
+    moved.bias_ptr = c.bias_ptr ? (const char *)c.bias_ptr + shift : nullptr;
+    moved.aux_ptr = c.aux_ptr ? (char *)c.aux_ptr + shift : nullptr;
+    {
+        DescLease first(plan);
+        ga_status st = first.take(c);
+        o.raw("first_status", json_status(st));
+        if (!st.error)
+            o.raw("first", desc_json(first.get()));
+    }
+    {
+        DescLease second(plan);
+        ga_status st = second.take(moved);
+        o.raw("second_status", json_status(st));
+        if (!st.error)
+            o.raw("second", desc_json(second.get()));
+    }
+    o.integer("made_one_at_a_time", (int64_t)plan.descs_made);
+    {
+        DescLease third(plan), fourth(plan);
+        ga_status st = third.take(c);
+        if (!st.error)
+            st = fourth.take(moved);
+        o.raw("overlap_status", json_status(st));
+        o.boolean("overlap_distinct", third.get() != fourth.get());
+    }
+    o.integer("made_overlapping", (int64_t)plan.descs_made);
+    o.integer("pooled", (int64_t)plan.idle_descs.size());
+    return o.str();
+}
+
 /* matmul.cu's descriptors for the call with `epilogue`. */
 std::string call_json(const ga_matmul_desc &desc, cublasLtEpilogue_t epilogue, size_t ws)
 {
@@ -114,6 +153,7 @@ std::string call_json(const ga_matmul_desc &desc, cublasLtEpilogue_t epilogue, s
     o.raw("desc_status", json_status(st));
     if (!st.error)
         o.raw("desc", desc_json(md.d));
+    o.raw("lease", lease_json(c));
     return o.str();
 }
 
