@@ -118,11 +118,6 @@ class FuseReport:
         self.notes = []
         self.state_dict_compatible = True
 
-    @property
-    def fused_layers(self):
-        """Names of the Conv2d/Linear layers that were fused."""
-        return [entry["names"][0] for entry in self.fused]
-
     def _fused_lines(self):
         rows = []
         for entry in self.fused:
