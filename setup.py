@@ -17,6 +17,9 @@ Environment:
                        compiler (CXX, else g++) through kernels/cudacpu; it
                        needs the CUDA toolkit's headers (CUDA_HOME), not nvcc
   GPUACCEL_JOBS        parallel compile jobs (default: the CPU count)
+  GPUACCEL_NO_JPEG=1   build without libjpeg-turbo (the image loader then
+                       says what to install); JPEG_HOME where it is, when
+                       not in the compiler's default folders
   CUDNN_HOME           where cuDNN is, when not beside the CUDA toolkit
 """
 
@@ -210,6 +213,20 @@ class CudaConfig:
             return
         self.include_dirs = sorted({os.path.dirname(cublaslt_h), os.path.dirname(cudnn_h)}, key=len)
         self.include_dirs.append(toolkit_inc[0])
+        # nvJPEG for the image loader's decode="gpu": optional within a CUDA build; its header
+        # is needed here, its library only at run time (loaded by kernels/cuda/jpeg.cu)
+        nvjpeg_home = os.environ.get("NVJPEG_HOME")
+        nvjpeg_inc = ([os.path.join(nvjpeg_home, "include")] if nvjpeg_home else []) + toolkit_inc + [
+            os.path.join(s, "nvidia", "cu13", "include") for s in wheels]
+        nvjpeg_lib = ([os.path.join(nvjpeg_home, d) for d in ("lib", "lib64")] if nvjpeg_home else []) + \
+            toolkit_lib + [os.path.join(s, "nvidia", "cu13", "lib") for s in wheels]
+        nvjpeg_h = _find_file(nvjpeg_inc, ["nvjpeg.h"])
+        self.nvjpeg = _find_file(nvjpeg_lib, ["libnvjpeg.so", "libnvjpeg.so.[0-9]*"]) if nvjpeg_h else None
+        self.nvjpeg_note = "" if self.nvjpeg else (
+            "no %s found: pip install nvidia-nvjpeg (or set NVJPEG_HOME) and rebuild"
+            % ("nvjpeg.h" if not nvjpeg_h else "libnvjpeg.so"))
+        if self.nvjpeg and os.path.dirname(nvjpeg_h) not in self.include_dirs:
+            self.include_dirs.append(os.path.dirname(nvjpeg_h))
         self.lib_dirs = []
         for path in (self.cudart_static, self.cublaslt, self.cudnn):
             d = os.path.dirname(path)
@@ -218,7 +235,7 @@ class CudaConfig:
         # Prefer the NVIDIA wheels' copies at run time (the ones torch loads),
         # then the folders found now.
         self.rpath = ["$ORIGIN/../nvidia/cu13/lib", "$ORIGIN/../nvidia/cudnn/lib"] + self.lib_dirs
-        self.sonames = [_soname(self.cublaslt), _soname(self.cudnn)]
+        self.sonames = [_soname(self.cublaslt), _soname(self.cudnn)] + ([_soname(self.nvjpeg)] if self.nvjpeg else [])
         arch_text = os.environ.get("GPUACCEL_CUDA_ARCH", DEFAULT_ARCHS)
         self.archs = [a.strip() for a in arch_text.replace(",", ";").split(";") if a.strip()]
         if not self.archs:
@@ -237,6 +254,43 @@ class CudaConfig:
         return flags
 
 
+class JpegConfig:
+    """libjpeg-turbo for the image loader's CPU decoder (kernels/cpu/jpeg.c):
+    jpeglib.h with jpeg_crop_scanline (libjpeg-turbo >= 1.5), and libjpeg."""
+
+    INSTALL = ("apt-get install libjpeg62-turbo-dev (Debian; Ubuntu: libjpeg-turbo8-dev, Fedora: "
+               "libjpeg-turbo-devel), or set JPEG_HOME")
+
+    def __init__(self):
+        self.reason, self.include_dirs, self.lib_dirs = None, [], []
+        if os.environ.get("GPUACCEL_NO_JPEG") == "1":
+            self.reason = "GPUACCEL_NO_JPEG=1"
+            return
+        home = os.environ.get("JPEG_HOME")
+        inc = ([os.path.join(home, "include")] if home else []) + [
+            "/usr/include", "/usr/local/include", "/opt/libjpeg-turbo/include"]
+        lib = ([os.path.join(home, d) for d in ("lib64", "lib")] if home else []) + [
+            "/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib",
+            "/opt/libjpeg-turbo/lib64"]
+        header = _find_file(inc, ["jpeglib.h"])
+        library = _find_file(lib, ["libjpeg.so", "libjpeg.so.[0-9]*"])
+        if not header or not library:
+            self.reason = "no libjpeg-turbo found (%s missing): %s" % (
+                "jpeglib.h" if not header else "libjpeg.so", self.INSTALL)
+            return
+        if "jpeg_crop_scanline" not in open(header, errors="replace").read():
+            self.reason = "%s is not libjpeg-turbo >= 1.5 (no jpeg_crop_scanline): %s" % (header, self.INSTALL)
+            return
+        self.library = library
+        if os.path.dirname(header) not in ("/usr/include", "/usr/local/include"):
+            self.include_dirs = [os.path.dirname(header)]
+        self.lib_dirs = [os.path.dirname(library)]
+
+    @property
+    def enabled(self):
+        return self.reason is None
+
+
 class BuildExt(build_ext):
     def build_extension(self, ext):
         cuda = CudaConfig()
@@ -244,8 +298,13 @@ class BuildExt(build_ext):
         jobs = int(os.environ.get("GPUACCEL_JOBS", "0")) or os.cpu_count() or 1
         if cuda.enabled:
             _say("building with CUDA (nvcc %s, architectures %s)" % (cuda.nvcc, ";".join(cuda.archs)))
+            _say("JPEG decoding on the GPU: nvJPEG (%s)" % cuda.nvjpeg if cuda.nvjpeg
+                 else "building without GPU JPEG decoding: %s" % cuda.nvjpeg_note)
         else:
             _say("building CPU-only: %s" % cuda.reason)
+        jpeg = JpegConfig()
+        _say("JPEG decoding on the CPU: libjpeg-turbo (%s)" % jpeg.library if jpeg.enabled
+             else "building without JPEG decoding: %s" % jpeg.reason)
 
         sim = not cuda.enabled and os.environ.get("GPUACCEL_SIM") == "1"
         c_sources = list(ext.sources)
@@ -263,6 +322,9 @@ class BuildExt(build_ext):
         else:
             cflags += ["-O3"]
         macros = [("GPUACCEL_WITH_CUDA", "1")] if cuda.enabled else []
+        if jpeg.enabled:
+            macros.append(("GPUACCEL_WITH_JPEG", "1"))
+            include_dirs += jpeg.include_dirs
 
         build_temp = os.path.abspath(self.build_temp)
         os.makedirs(build_temp, exist_ok=True)
@@ -288,6 +350,8 @@ class BuildExt(build_ext):
             cmd = [cuda.nvcc, "-c", src, "-o", obj, "-std=c++17", "-O3", "-lineinfo",
                    "-Xcompiler", "-fPIC", "-Xcompiler", "-fvisibility=hidden",
                    '-DGPUACCEL_CUDA_ARCHS="%s"' % ";".join(cuda.archs)]
+            if cuda.nvjpeg:
+                cmd.append("-DGPUACCEL_WITH_NVJPEG=1")
             cmd += ["-I" + ROOT] + ["-I" + d for d in cuda.include_dirs] + cuda.gencode_flags()
             if stale(src, obj):
                 _say("nvcc " + src)
@@ -313,18 +377,21 @@ class BuildExt(build_ext):
         libraries, library_dirs, link_args = [], [], list(ldflags)
         if cuda.enabled:
             library_dirs = cuda.lib_dirs
-            link_args += [cuda.cudart_static, _link_flag(cuda.cublaslt), _link_flag(cuda.cudnn),
-                          "-lstdc++", "-lrt", "-ldl", "-Wl,--enable-new-dtags"]
+            link_args += [cuda.cudart_static, _link_flag(cuda.cublaslt), _link_flag(cuda.cudnn)]
+            link_args += ["-lstdc++", "-lrt", "-ldl", "-Wl,--enable-new-dtags"]
             link_args += ["-Wl,-rpath," + d for d in cuda.rpath]
         if cxx_jobs:
             link_args += ["-lstdc++"]
+        if jpeg.enabled:
+            library_dirs = list(library_dirs) + [d for d in jpeg.lib_dirs if d not in library_dirs]
+            link_args += [_link_flag(jpeg.library)]
         ext_path = self.get_ext_fullpath(ext.name)
         os.makedirs(os.path.dirname(ext_path), exist_ok=True)
         self.compiler.link_shared_object(
             objects, ext_path, libraries=libraries, library_dirs=library_dirs,
             extra_postargs=link_args, target_lang="c",
         )
-        self._write_build_config(ext_path, cuda, sanitize)
+        self._write_build_config(ext_path, cuda, sanitize, jpeg)
 
     def copy_extensions_to_source(self):
         super().copy_extensions_to_source()
@@ -333,7 +400,7 @@ class BuildExt(build_ext):
         if os.path.exists(built):
             shutil.copyfile(built, os.path.join(ROOT, "gpuaccel", "_build_config.py"))
 
-    def _write_build_config(self, ext_path, cuda, sanitize):
+    def _write_build_config(self, ext_path, cuda, sanitize, jpeg):
         """gpuaccel/_build_config.py: what the Python side needs to know
         before it loads the extension (which CUDA libraries to preload)."""
         text = (
@@ -342,7 +409,10 @@ class BuildExt(build_ext):
             "CUDA_BUILD_NOTE = %r\n"
             "CUDA_LIBRARY_SONAMES = %r\n"
             "SANITIZE = %r\n"
-        ) % (cuda.enabled, cuda.reason or "", cuda.sonames if cuda.enabled else [], sanitize)
+            "JPEG_BUILD_NOTE = %r\n"
+            "NVJPEG_BUILD_NOTE = %r\n"
+        ) % (cuda.enabled, cuda.reason or "", cuda.sonames if cuda.enabled else [], sanitize, jpeg.reason or "",
+             (cuda.nvjpeg_note if cuda.enabled else "no CUDA build (%s)" % cuda.reason))
         path = os.path.join(os.path.dirname(ext_path), "_build_config.py")
         with open(path, "w") as f:
             f.write(text)

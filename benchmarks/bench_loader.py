@@ -25,6 +25,17 @@ contenders (CPU only) — PinnedLoader vs NVIDIA DALI's CPU pipeline, FFCV and a
   Goals: PinnedLoader >= 1.2x DALI in NCHW float32; >= 1.0x FFCV when both
   produce channels_last; PinnedLoader's system time per epoch <= its user time.
 
+jpeg — a folder of 2,000 photo-like JPEGs (300-500 px sides, quality 90,
+  4:2:0, written with Pillow) -> RandomResizedCrop(224) + flip + normalize to
+  float32 NCHW, batches of 128, 2 threads or workers each; and the evaluation
+  pipeline Resize(256) + CenterCrop(224).  Contenders: PinnedLoader, DALI's
+  CPU pipeline, torchvision's ImageFolder + PIL + transforms and
+  decode_jpeg + transforms.v2 DataLoaders, and the ceiling (the crop regions
+  decoded, nothing else).  Every batch of the first epoch is checked (shape,
+  dtype, range, channel means); the evaluation pipelines' pixels against
+  torchvision v2 (PSNR).  Goals: train >= 1.5x DALI and >= 1.8x torchvision's
+  best; evaluation >= 1.5x DALI; system time <= 10% of user time.
+
 DALI (pip install nvidia-dali-cuda130) and FFCV (pip install ffcv; it compiles
 against Debian's libopencv-dev and libturbojpeg0-dev) may live in another
 virtual environment than gpuaccel: give its interpreter with
@@ -33,6 +44,7 @@ NumPy too).  A contender that is not installed is reported, not fatal.
 
     python benchmarks/bench_loader.py [--device cpu|cuda] [--quick]
     python benchmarks/bench_loader.py --suite contenders [--contender-python PY] [--rounds 3] [--epochs 3]
+    python benchmarks/bench_loader.py --suite jpeg [--contenders gpuaccel,dali,...] [--rounds 3] [--epochs 2]
 """
 
 import argparse
@@ -546,10 +558,380 @@ def report_contenders(results, names, work, args, load_before, load_after, pytho
                   % (TITLES[name], system, user, "met" if system <= user else "NOT met"))
 
 
+# ================================================================ jpeg
+#
+# A folder of JPEGs, decoded and augmented per epoch.  Each contender is a
+# function (root, work) -> a zero-argument callable running one epoch,
+# yielding (images tensor, labels tensor) batches; it runs in its own
+# process, round after round, after one untimed epoch whose batches are
+# checked.
+
+JPEG_IMAGES, JPEG_BATCH = 2000, 128
+
+
+def _texture(rng, h, w, cell):
+    from PIL import Image
+
+    small = rng.normal(0, 1, (h // cell + 2, w // cell + 2, 3)).astype(np.float32)
+    im = Image.fromarray((small * 40 + 128).clip(0, 255).astype(np.uint8)).resize((w, h), Image.BICUBIC)
+    return np.asarray(im, np.float32) - 128
+
+
+def make_jpeg_folder(folder, n=JPEG_IMAGES, classes=10):
+    """n photo-like JPEGs (textures at three scales and sensor noise), sides
+    of 300-500 px, quality 90, 4:2:0, about 117 KB each, written with Pillow
+    in torchvision's ImageFolder layout (once; reused by later runs)."""
+    from PIL import Image
+
+    root = os.path.join(folder, "jpeg_folder_%d" % n)
+    if os.path.isdir(root):
+        return root
+    partial = root + ".%d.partial" % os.getpid()
+    rng = np.random.default_rng(0)
+    for c in range(classes):
+        os.makedirs(os.path.join(partial, "class_%02d" % c))
+    for i in range(n):
+        h, w = int(rng.integers(300, 501)), int(rng.integers(300, 501))
+        img = (128 + _texture(rng, h, w, 64) * 1.5 + _texture(rng, h, w, 12) * 0.8 + _texture(rng, h, w, 3) * 1.6
+               + rng.normal(0, 12, (h, w, 3)))
+        Image.fromarray(img.clip(0, 255).astype(np.uint8)).save(
+            os.path.join(partial, "class_%02d" % (i % classes), "%05d.jpg" % i), quality=90, subsampling=2)
+    os.replace(partial, root)
+    return root
+
+
+def _torch_normalize():
+    import torch
+
+    return torch.tensor(MEAN).view(3, 1, 1), torch.tensor(STD).view(3, 1, 1)
+
+
+def jpeg_gpuaccel(mode, ceiling=False):
+    def make(root, work):
+        import gpuaccel as ga
+
+        norm = ga.ImageNormalize(MEAN, STD, dtype="float32")
+        if ceiling:  # the crop region decoded, resized to 1x1 without DCT scaling: the decode alone
+            t = ga.Compose([ga.RandomResizedCrop(1), norm])
+        elif mode == "train":
+            t = ga.Compose([ga.RandomResizedCrop(224), ga.RandomHorizontalFlip(), norm])
+        else:
+            t = ga.Compose([ga.Resize(256), ga.CenterCrop(224), norm])
+        loader = ga.PinnedLoader(ga.ImageFolder(root), work["batch"], shuffle=True, drop_last=True,
+                                 num_threads=work["threads"], device="cpu", transform=t)
+        if ceiling:
+            spec = loader._pipeline.spec
+            loader._pipeline.spec = spec[:12] + (False,)
+        return lambda: iter(loader)
+    return make
+
+
+def jpeg_torchvision_pil(mode):
+    def make(root, work):
+        import torch
+        import torchvision.transforms as T
+        from torchvision.datasets import ImageFolder
+
+        geometry = ([T.RandomResizedCrop(224), T.RandomHorizontalFlip()] if mode == "train"
+                    else [T.Resize(256), T.CenterCrop(224)])
+        ds = ImageFolder(root, transform=T.Compose(geometry + [T.ToTensor(), T.Normalize(MEAN, STD)]))
+        loader = torch.utils.data.DataLoader(ds, batch_size=work["batch"], shuffle=True, drop_last=True,
+                                             num_workers=work["threads"], persistent_workers=True)
+        return lambda: iter(loader)
+    return make
+
+
+class _DecodeJpegFolder:
+    def __init__(self, root, transform):
+        from torchvision.datasets import ImageFolder
+
+        self.samples = ImageFolder(root).samples
+        self.transform = transform
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __getitem__(self, i):
+        from torchvision.io import ImageReadMode, decode_jpeg, read_file
+
+        path, label = self.samples[i]
+        return self.transform(decode_jpeg(read_file(path), mode=ImageReadMode.RGB)), label
+
+
+def jpeg_torchvision_v2(mode):
+    def make(root, work):
+        import torch
+        import torchvision.transforms.v2 as T
+
+        geometry = ([T.RandomResizedCrop(224, antialias=True), T.RandomHorizontalFlip()] if mode == "train"
+                    else [T.Resize(256, antialias=True), T.CenterCrop(224)])
+        t = T.Compose(geometry + [T.ToDtype(torch.float32, scale=True), T.Normalize(MEAN, STD)])
+        loader = torch.utils.data.DataLoader(_DecodeJpegFolder(root, t), batch_size=work["batch"], shuffle=True,
+                                             drop_last=True, num_workers=work["threads"], persistent_workers=True)
+        return lambda: iter(loader)
+    return make
+
+
+def jpeg_dali(mode):
+    def make(root, work):
+        from nvidia.dali import fn, pipeline_def, types
+        from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+
+        @pipeline_def(batch_size=work["batch"], num_threads=work["threads"], device_id=None, prefetch_queue_depth=2)
+        def pipe():
+            jpegs, labels = fn.readers.file(file_root=root, random_shuffle=True, name="reader")
+            if mode == "train":
+                images = fn.decoders.image_random_crop(jpegs, device="cpu", output_type=types.RGB,
+                                                       random_area=[0.08, 1.0], random_aspect_ratio=[3 / 4, 4 / 3])
+                images = fn.resize(images, resize_x=224, resize_y=224, antialias=True)
+                mirror = fn.random.coin_flip(probability=0.5)
+                crop = None
+            else:
+                images = fn.decoders.image(jpegs, device="cpu", output_type=types.RGB)
+                images = fn.resize(images, resize_shorter=256, antialias=True)
+                mirror, crop = 0, (224, 224)
+            images = fn.crop_mirror_normalize(images, dtype=types.FLOAT, output_layout="CHW", crop=crop,
+                                              mean=[m * 255 for m in MEAN], std=[s * 255 for s in STD],
+                                              mirror=mirror)
+            return images, labels
+
+        p = pipe()
+        p.build()
+        it = DALIGenericIterator(p, ["images", "labels"], reader_name="reader",
+                                 last_batch_policy=LastBatchPolicy.DROP, auto_reset=True)
+
+        def epoch():
+            for out in it:
+                yield out[0]["images"], out[0]["labels"].view(-1)
+        return epoch
+    return make
+
+
+JPEG_CONTENDERS = {
+    # name: (constructor, pipeline, title)
+    "gpuaccel": (jpeg_gpuaccel("train"), "train", "gpuaccel.PinnedLoader (libjpeg-turbo crop decode, native threads)"),
+    "dali": (jpeg_dali("train"), "train", "NVIDIA DALI CPU (readers.file, decoders.image_random_crop, resize, "
+                                          "crop_mirror_normalize)"),
+    "tv-pil": (jpeg_torchvision_pil("train"), "train", "torchvision ImageFolder + PIL + transforms, DataLoader"),
+    "tv-v2": (jpeg_torchvision_v2("train"), "train", "torchvision.io.decode_jpeg + transforms.v2, DataLoader"),
+    "ceiling": (jpeg_gpuaccel("train", ceiling=True), "decode", "crop-region decode only (the ceiling)"),
+    "gpuaccel-eval": (jpeg_gpuaccel("eval"), "eval", "gpuaccel.PinnedLoader, Resize(256) + CenterCrop(224)"),
+    "dali-eval": (jpeg_dali("eval"), "eval", "NVIDIA DALI CPU, resize_shorter=256 + crop 224"),
+    "tv-pil-eval": (jpeg_torchvision_pil("eval"), "eval", "torchvision ImageFolder + PIL, Resize + CenterCrop"),
+    "tv-v2-eval": (jpeg_torchvision_v2("eval"), "eval", "torchvision decode_jpeg + v2, Resize + CenterCrop"),
+}
+
+
+def _eval_reference(root, n=6):
+    """torchvision v2 (antialias=True) on the full decode: the evaluation
+    images every contender must reproduce, by file name order."""
+    import torch
+    import torchvision.transforms.v2.functional as F
+    from torchvision.datasets import ImageFolder
+    from torchvision.io import decode_jpeg, read_file
+
+    refs = {}
+    for path, _ in ImageFolder(root).samples[:n]:
+        img = F.center_crop(F.resize(decode_jpeg(read_file(path)), 256, antialias=True), 224)
+        refs[path] = img.to(torch.float64).numpy() / 255.0
+    return refs
+
+
+def check_jpeg_epoch(batches, pipeline, work):
+    """The epoch's batches: shape, dtype, finite values in the normalized
+    range, every label a class; the pixels' mean near the data set's
+    (a black or garbled batch fails); the channels in RGB order (each has
+    its own mean).  Returns (batches seen, mean pixel per channel)."""
+    import torch
+
+    sums, count, seen = np.zeros(3), 0, 0
+    for images_t, labels_t in batches:
+        assert images_t.dtype == torch.float32, images_t.dtype
+        side = 1 if pipeline == "decode" else 224
+        assert tuple(images_t.shape) == (work["batch"], 3, side, side), tuple(images_t.shape)
+        x = images_t.numpy().astype(np.float64) * np.array(STD).reshape(1, 3, 1, 1) + np.array(MEAN).reshape(
+            1, 3, 1, 1)
+        assert np.isfinite(x).all() and x.min() > -0.01 and x.max() < 1.01, (x.min(), x.max())
+        labels = labels_t.numpy()
+        assert labels.min() >= 0 and labels.max() < 10
+        sums += x.mean(axis=(0, 2, 3))
+        count += 1
+        seen += 1
+    assert seen == JPEG_IMAGES // work["batch"], seen
+    means = sums / count
+    assert (np.abs(means - 0.5) < 0.08).all(), means  # the textures are centered on 128
+    return seen, means.tolist()
+
+
+def check_eval_outputs(name, root, work):
+    """The evaluation pipelines against torchvision v2 on the same files:
+    PSNR in dB (their resizes differ a little; each is reported)."""
+    if JPEG_CONTENDERS[name][1] != "eval":
+        return None
+    import torch
+
+    refs = _eval_reference(root)
+    worst = float("inf")
+    if name.startswith("gpuaccel"):
+        import gpuaccel as ga
+
+        t = ga.Compose([ga.Resize(256), ga.CenterCrop(224)])
+        for path, ref in refs.items():
+            got = ga.decode_image(path, t).transpose(2, 0, 1) / 255.0
+            worst = min(worst, _psnr(got, ref))
+    elif name.startswith("tv-pil"):
+        import torchvision.transforms as T
+        from PIL import Image
+
+        t = T.Compose([T.Resize(256), T.CenterCrop(224), T.PILToTensor()])
+        for path, ref in refs.items():
+            got = t(Image.open(path).convert("RGB")).to(torch.float64).numpy() / 255.0
+            worst = min(worst, _psnr(got, ref))
+    elif name.startswith("tv-v2"):
+        worst = float("inf")  # the reference itself
+    elif name.startswith("dali"):
+        from nvidia.dali import fn, pipeline_def, types
+
+        files = list(refs)
+
+        @pipeline_def(batch_size=len(files), num_threads=1, device_id=None)
+        def pipe():
+            jpegs, _ = fn.readers.file(files=files, random_shuffle=False)
+            images = fn.resize(fn.decoders.image(jpegs, device="cpu", output_type=types.RGB), resize_shorter=256,
+                               antialias=True)
+            return fn.crop_mirror_normalize(images, dtype=types.UINT8, output_layout="CHW", crop=(224, 224))
+
+        p = pipe()
+        p.build()
+        (out,) = p.run()
+        for k, path in enumerate(files):
+            worst = min(worst, _psnr(np.array(out.at(k), dtype=np.float64) / 255.0, refs[path]))
+    return worst
+
+
+def _psnr(a, b):
+    mse = float(np.mean((a - b) ** 2))
+    return 10 * np.log10(1.0 / mse) if mse > 0 else float("inf")
+
+
+def run_jpeg_worker(name, root, work):
+    make = JPEG_CONTENDERS[name][0]
+    try:
+        epoch = make(root, work)
+    except ImportError as e:
+        print(json.dumps({"name": name, "missing": str(e)}))
+        return
+    _, means = check_jpeg_epoch(epoch(), JPEG_CONTENDERS[name][1], work)
+    quality = check_eval_outputs(name, root, work)
+    epochs = []
+    for _ in range(work["epochs"]):
+        before = process_usage()
+        start = time.perf_counter()
+        samples = 0
+        for images_t, _ in epoch():
+            samples += images_t.shape[0]
+        elapsed = time.perf_counter() - start
+        after = process_usage()
+        epochs.append(dict({k: after[k] - before[k] for k in after}, seconds=elapsed, samples=samples,
+                           samples_per_second=samples / elapsed))
+    print(json.dumps({"name": name, "epochs": epochs, "channel_means": means,
+                      "psnr_vs_torchvision_v2": None if quality is None else min(quality, 99.0)}))
+
+
+def suite_jpeg(args):
+    names = args.contenders.split(",") if args.contenders else list(JPEG_CONTENDERS)
+    unknown = [n for n in names if n not in JPEG_CONTENDERS]
+    if unknown:
+        raise SystemExit("unknown contenders %s; choose from %s" % (unknown, ", ".join(JPEG_CONTENDERS)))
+    root = make_jpeg_folder(args.data)
+    files = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs]
+    mean_kb = np.mean([os.path.getsize(f) for f in files]) / 1e3
+    for f in files:  # page cache warm for everyone
+        with open(f, "rb") as fh:
+            fh.read()
+    work = {"epochs": args.epochs, "batch": JPEG_BATCH, "threads": THREADS}
+    python = args.contender_python or os.environ.get("GPUACCEL_BENCH_CONTENDER_PYTHON") or sys.executable
+    load_before = os.getloadavg()
+    results = {n: [] for n in names}
+    for r in range(args.rounds):
+        for name in names:
+            exe = python if name.startswith("dali") else sys.executable
+            cmd = [exe, os.path.abspath(__file__), "--jpeg-worker", name, "--images", root,
+                   "--epochs", str(work["epochs"]), "--batch", str(work["batch"]), "--threads", str(work["threads"])]
+            try:
+                done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, cwd=HERE)
+                lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+                why = (done.stderr.strip().splitlines() or ["exit %d" % done.returncode])[-1][:200]
+                out = json.loads(lines[-1]) if done.returncode == 0 and lines else {"name": name, "failed": why}
+            except subprocess.TimeoutExpired:
+                out = {"name": name, "failed": "timed out after %d s" % args.timeout}
+            results[name].append(out)
+            status = out.get("missing") or out.get("failed") or "%.0f images/s" % _median(
+                [e["samples_per_second"] for e in out["epochs"]])
+            print("round %d  %-14s %s" % (r + 1, name, status), file=sys.stderr, flush=True)
+    load_after = os.getloadavg()
+    report_jpeg(results, names, work, args, mean_kb, load_before, load_after)
+
+
+def report_jpeg(results, names, work, args, mean_kb, load_before, load_after):
+    def rates(name):
+        return [_median([e["samples_per_second"] for e in o["epochs"]]) if "epochs" in o else None
+                for o in results.get(name, [])]
+
+    def ratio(a, b):
+        pairs = [x / y for x, y in zip(rates(a), rates(b)) if x and y]
+        return _median(pairs) if pairs else None
+
+    rows = []
+    for name in names:
+        outs = [o for o in results[name] if "epochs" in o]
+        if not outs:
+            o = results[name][0]
+            rows.append([JPEG_CONTENDERS[name][2], JPEG_CONTENDERS[name][1],
+                         "not run: %s" % (o.get("missing") or o.get("failed"))] + [""] * 5)
+            continue
+        base = "dali" if JPEG_CONTENDERS[name][1] != "eval" else "dali-eval"
+        r = ratio(name, base) if base in results else None
+        user = _median([e["user"] for o in outs for e in o["epochs"]])
+        system = _median([e["sys"] for o in outs for e in o["epochs"]])
+        psnr = outs[0].get("psnr_vs_torchvision_v2")
+        rows.append([JPEG_CONTENDERS[name][2], JPEG_CONTENDERS[name][1],
+                     " / ".join("%.0f" % x if x else "-" for x in rates(name)),
+                     "%.2fx" % r if r else "", "%.2f" % user, "%.3f" % system,
+                     "" if psnr is None else "%.1f" % psnr,
+                     "%d failed" % (len(results[name]) - len(outs)) if len(outs) < len(results[name]) else "ok"])
+    print_table("JPEG folder: %d files, 300-500 px sides, quality 90, 4:2:0, %.0f KB mean -> batches of %d, "
+                "float32 NCHW normalized, %d threads/workers, device cpu; %d rounds x %d epochs, one process per "
+                "contender and round  [%s; load average %.2f before, %.2f after]"
+                % (JPEG_IMAGES, mean_kb, work["batch"], work["threads"], args.rounds, work["epochs"], machine(),
+                   load_before[0], load_after[0]),
+                ["contender", "pipeline", "images/s (round medians)", "vs DALI (same pipeline)", "user s/epoch",
+                 "sys s/epoch", "eval PSNR vs tv v2, dB", "checked"], rows)
+
+    def goal(text, a, b, target):
+        r = ratio(a, b)
+        print("goal: %s: %s" % (text, "not measured" if r is None else "%.2fx: %s" % (r, "met" if r >= target
+                                                                                     else "NOT met")))
+
+    goal("train >= 1.5x DALI CPU", "gpuaccel", "dali", 1.5)
+    best = max(("tv-pil", "tv-v2"), key=lambda n: _median([x for x in rates(n) if x]) if any(rates(n)) else -1)
+    goal("train >= 1.8x torchvision's best (%s)" % best, "gpuaccel", best, 1.8)
+    goal("evaluation >= 1.5x DALI CPU", "gpuaccel-eval", "dali-eval", 1.5)
+    r = ratio("gpuaccel", "ceiling")
+    print("train / the crop-decode ceiling: %s" % ("not measured" if r is None else "%.2fx" % r))
+    for name in ("gpuaccel", "gpuaccel-eval"):
+        outs = [o for o in results.get(name, []) if "epochs" in o]
+        if outs:
+            user = _median([e["user"] for o in outs for e in o["epochs"]])
+            system = _median([e["sys"] for o in outs for e in o["epochs"]])
+            print("goal: %s system time <= 10%% of user time: %.3f s vs %.2f s (%.1f%%): %s"
+                  % (name, system, user, 100 * system / user, "met" if system <= 0.1 * user else "NOT met"))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default=None, help="dataloader suite: cpu or cuda (default: cuda if usable)")
-    parser.add_argument("--suite", choices=["dataloader", "contenders", "all"], default=None,
+    parser.add_argument("--suite", choices=["dataloader", "contenders", "jpeg", "all"], default=None,
                         help="default: all on the CPU, dataloader with CUDA (the contenders suite is CPU-only)")
     parser.add_argument("--quick", action="store_true", help="fewer batches, rounds and epochs")
     parser.add_argument("--data", default=os.environ.get("GPUACCEL_CACHE_DIR", tempfile.gettempdir()))
@@ -561,11 +943,16 @@ def main():
     parser.add_argument("--timeout", type=int, default=600, help="seconds per contender process")
     # one contender in this process (what the suite runs as a subprocess)
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--jpeg-worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--images", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--labels", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--batch", type=int, default=BATCH, help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=THREADS, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.jpeg_worker:
+        run_jpeg_worker(args.jpeg_worker, args.images,
+                        {"epochs": args.epochs, "batch": args.batch, "threads": args.threads})
+        return
     if args.worker:
         run_worker(args.worker, args.images, args.labels,
                    {"epochs": args.epochs, "batch": args.batch, "threads": args.threads})
@@ -581,6 +968,8 @@ def main():
         suite_dataloader(args)
     if suite in ("contenders", "all"):
         suite_contenders(args)
+    if suite in ("jpeg", "all"):
+        suite_jpeg(args)
 
 
 if __name__ == "__main__":

@@ -4,8 +4,10 @@ side by side in one run.
 - matmul: TFLOP/s for fp16, bf16 and tf32 at 1024...8192 (square), ga.matmul
   on torch tensors vs torch.matmul, and as a fraction of the H100's 989
   TFLOP/s dense bf16/fp16 peak (494 for tf32).
-- linear: FusedLinear (GEMM + bias + gelu/relu fused; backward: dgelu/drelu and
-  the bias gradient fused) vs F.linear + activation in torch eager and under
+- linear: FusedLinear (GEMM + bias + relu/gelu_tanh fused in cuBLASLt, gelu
+  (erf) and silu by the split route: GEMM + bias in cuBLASLt, then gpuaccel's
+  activation kernel; backward: the activation and bias gradients in one pass)
+  vs F.linear + the activation in torch eager and under
   torch.compile, for MLP shapes (tokens 4096 and 8192; 4096->16384 and
   16384->4096).
 
@@ -46,8 +48,9 @@ def main():
                  for r in rows])
     shapes = None
     if device == "cuda":
-        shapes = [(4096, 4096, 16384, "gelu"), (4096, 16384, 4096, "gelu"), (8192, 4096, 16384, "gelu"),
-                  (8192, 16384, 4096, "gelu"), (4096, 4096, 16384, "relu"), (8192, 16384, 4096, "relu")]
+        shapes = [(4096, 4096, 16384, "gelu_tanh"), (4096, 4096, 16384, "gelu"), (4096, 16384, 4096, "gelu"),
+                  (8192, 4096, 16384, "gelu"), (8192, 16384, 4096, "gelu_tanh"), (4096, 4096, 16384, "silu"),
+                  (4096, 4096, 16384, "relu"), (8192, 16384, 4096, "relu")]
         if args.quick:
             shapes = shapes[:2]
     rows = bench.bench_linear(torch, device, full=True, shapes=shapes, compiled=not args.no_compile)

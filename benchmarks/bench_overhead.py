@@ -87,7 +87,7 @@ def tiny_pairs(device):
     x = torch.randn(4, 8, device=dev, requires_grad=True)
     xc = torch.randn(1, 3, 4, 4, device=dev, requires_grad=True)
     fl = gt.FusedLinear(8, 8, activation="gelu").to(dev)
-    tl = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(approximate="tanh")).to(dev)
+    tl = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU()).to(dev)
     fc = gt.FusedConv2d(3, 4, 3, padding=1, activation="relu").to(dev)
     tc = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU()).to(dev)
     xd, xcd = x.detach(), xc.detach()
@@ -112,13 +112,13 @@ def tiny_pairs(device):
 
     tmp = torch.randn(256, device=dev)
     return {
-        "FusedLinear(gelu) fwd+bwd vs Linear+GELU(tanh)": (backward(lambda: fl(x)), backward(lambda: tl(x))),
+        "FusedLinear(gelu) fwd+bwd vs Linear+GELU": (backward(lambda: fl(x)), backward(lambda: tl(x))),
         "FusedConv2d(relu) fwd+bwd vs Conv2d+ReLU": (backward(lambda: fc(xc)), backward(lambda: tc(xc))),
         "FusedLinear(gelu) no-grad forward": (no_grad(lambda: fl(x)), no_grad(lambda: tl(x))),
         "FusedConv2d(relu) no-grad forward": (no_grad(lambda: fc(xc)), no_grad(lambda: tc(xc))),
         "ga.linear(out=) on torch tensors vs F.linear+gelu": (
             lambda: ga.linear(xd, w, b, "gelu", out=y),
-            lambda: F.gelu(F.linear(xd, w, b), approximate="tanh")),
+            lambda: F.gelu(F.linear(xd, w, b))),
         "ga.conv2d(out=) on torch tensors vs F.conv2d+relu": (
             lambda: ga.conv2d(xcd, wc, bc, padding=1, activation="relu", out=yc),
             lambda: F.relu(F.conv2d(xcd, wc, bc, padding=1))),
@@ -130,7 +130,7 @@ def tiny_pairs(device):
 
 
 TINY_GOALS = {
-    "FusedLinear(gelu) fwd+bwd vs Linear+GELU(tanh)": 0.75,
+    "FusedLinear(gelu) fwd+bwd vs Linear+GELU": 0.75,
     "FusedConv2d(relu) fwd+bwd vs Conv2d+ReLU": 0.75,
     "FusedLinear(gelu) no-grad forward": 1.0,
     "FusedConv2d(relu) no-grad forward": 1.0,
@@ -143,7 +143,7 @@ def bench_size_pairs(device):
     x = torch.randn(512, 256, device=dev, requires_grad=True)
     xc = torch.randn(8, 32, 28, 28, device=dev, requires_grad=True)
     fl = gt.FusedLinear(256, 1024, activation="gelu").to(dev)
-    tl = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(approximate="tanh")).to(dev)
+    tl = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU()).to(dev)
     fc = gt.FusedConv2d(32, 32, 3, padding=1, activation="relu").to(dev)
     tc = torch.nn.Sequential(torch.nn.Conv2d(32, 32, 3, padding=1), torch.nn.ReLU()).to(dev)
     return {
@@ -168,7 +168,7 @@ def crossover():
                         (128, 256, 256), (256, 256, 512), (512, 256, 1024)):
             x = torch.randn(m, k, requires_grad=True)
             fl = gt.FusedLinear(k, n, activation="gelu")
-            tl = torch.nn.Sequential(torch.nn.Linear(k, n), torch.nn.GELU(approximate="tanh"))
+            tl = torch.nn.Sequential(torch.nn.Linear(k, n), torch.nn.GELU())
             r = compare({"": fwd_bwd_pair(fl, tl, x)}, 20, 7, lambda: None)[""]
             print("| linear %4d x %4d -> %4d         | %12d | %10.1f | %10.1f | %5.2fx |"
                   % (m, k, n, m * k * n, r[0], r[1], r[0] / r[1]))

@@ -349,8 +349,8 @@ static int run_conv2d_forward(ga_state *st, const ga_forward *f, const conv_args
     }
     char key[1024], extra[64];
     const ga_tensor *ts[3] = {&ctx.desc.x, &ctx.desc.w, &ctx.desc.y};
-    snprintf(extra, sizeof extra, "fwd bias=%d act=%d preact=%d", f->bias != NULL, (int)f->act,
-             f->z != NULL);
+    snprintf(extra, sizeof extra, "fwd bias=%d act=%s preact=%d", f->bias != NULL,
+             ga_activation_name(f->act), f->z != NULL);
     tuning_key(key, sizeof key, "conv2d", ts, 3, &ca->geom, extra);
     ctx.device = op->device.index;
     ArrayObject *touched[5] = {f->x_read, f->weight_read, f->bias, f->y, f->z};
@@ -363,15 +363,15 @@ static int run_conv2d_forward(ga_state *st, const ga_forward *f, const conv_args
 static PyObject *conv2d_entry(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
                               PyObject *kwnames)
 {
+    ga_state *st = ga_state_from_module(module);
     conv2d_args arg;
     ga_forward f;
     conv_args ca;
     if (ga_parse_args_into("conv2d", args, nargs, kwnames, conv2d_fields, 3, 2, &arg) < 0 ||
-        ga_forward_parse(&f, "conv2d", arg.save_preactivation, arg.activation) < 0 ||
+        ga_forward_parse(st, &f, "conv2d", arg.save_preactivation, arg.activation) < 0 ||
         parse_conv_args(arg.stride, arg.padding, arg.dilation, arg.groups, arg.layout, &ca,
                         "conv2d") < 0)
         return NULL;
-    ga_state *st = ga_state_from_module(module);
     PyObject *result = NULL;
     const ga_op *op = &f.op;
     if (ga_forward_begin(st, &f, arg.x, arg.weight, arg.bias, arg.stream) < 0 ||
@@ -391,7 +391,7 @@ static PyObject *conv2d_entry(PyObject *module, PyObject *const *args, Py_ssize_
     int64_t ydims[4] = {tx.shape[0], tw.shape[0], pq[0], pq[1]};
     if (!(f.y = conv_output(st, op, arg.out, ydims, f.x->dtype, ca.nhwc, &tx)))
         goto done;
-    if (f.save && f.act == GA_ACT_GELU &&
+    if (f.save && f.act != GA_ACT_NONE && !ga_activation_grad_reads_output(f.act) &&
         !(f.z = conv_output(st, op, arg.preactivation_out, ydims, f.x->dtype, ca.nhwc, &tx)))
         goto done;
     if (run_conv2d_forward(st, &f, &ca, &tx, &tw) < 0)
@@ -439,16 +439,18 @@ static int conv_grad_aux(const conv2d_backward_args *arg, ga_activation act, PyO
     if (act == GA_ACT_NONE)
         return 0;
     *aux = arg->preactivation && arg->preactivation != Py_None ? arg->preactivation
-           : act == GA_ACT_RELU                                ? arg->y
+           : ga_activation_grad_reads_output(act)              ? arg->y
                                                                : NULL;
     if (*aux && *aux != Py_None)
         return 0;
-    PyErr_SetString(PyExc_ValueError,
-                    act == GA_ACT_GELU
-                        ? "conv2d_backward: activation='gelu' needs preactivation (from "
-                          "conv2d(..., save_preactivation=True))"
-                        : "conv2d_backward: activation='relu' needs y (the forward output) "
-                          "or preactivation");
+    if (act == GA_ACT_RELU)
+        PyErr_SetString(PyExc_ValueError, "conv2d_backward: activation='relu' needs y (the "
+                                          "forward output) or preactivation");
+    else
+        PyErr_Format(PyExc_ValueError,
+                     "conv2d_backward: activation='%s' needs preactivation (from conv2d(..., "
+                     "save_preactivation=True))",
+                     ga_activation_name(act));
     return -1;
 }
 
@@ -552,8 +554,8 @@ static PyObject *conv2d_backward_entry(PyObject *module, PyObject *const *args, 
     conv_args ca;
     PyObject *aux;
     if (ga_parse_args_into(name, args, nargs, kwnames, conv2d_backward_fields, 3, 3, &arg) < 0 ||
-        ga_backward_parse(&g, name, arg.out, arg.needs_input_grad, arg.needs_weight_grad,
-                          arg.needs_bias_grad, arg.activation) < 0 ||
+        ga_backward_parse(ga_state_from_module(module), &g, name, arg.out, arg.needs_input_grad,
+                          arg.needs_weight_grad, arg.needs_bias_grad, arg.activation) < 0 ||
         parse_conv_args(arg.stride, arg.padding, arg.dilation, arg.groups, arg.layout, &ca, name) <
             0 ||
         conv_grad_aux(&arg, g.act, &aux) < 0)

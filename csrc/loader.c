@@ -36,12 +36,15 @@
 #include <unistd.h>
 
 #include "array.h"
+#include "image.h"
 #include "loader.h"
 
 #define GA_LOADER_MAX_SOURCES 16
 #define GA_LOADER_MAX_THREADS 64
 /* rows gathered per task: enough bytes that handing out a task is cheap */
 #define GA_LOADER_CHUNK_BYTES (256 * 1024)
+/* skipped files whose reasons stats() lists (the count covers them all) */
+#define GA_LOADER_SKIP_TEXTS 8
 
 typedef struct {
     int is_file;
@@ -58,7 +61,30 @@ typedef struct {
     ga_dtype dtype;
     int row_ndim;
     int64_t row_shape[GA_MAX_NDIM];
+    int is_images;            /* encoded image files, one per row, decoded into it */
+    const char *paths;        /* images: NUL-terminated paths back to back */
+    const int64_t *path_at;   /* images: where each row's path starts in `paths` */
+    ga_image_transform image; /* images: what each sample becomes */
+    int skip_bad;             /* images: on_error="skip" */
+    int gpu_decode;           /* images: decoded by nvJPEG on the device (decode="gpu") */
 } loader_source;
+
+/* decode="gpu": a row's encoded file, kept from its read by a worker to
+ * the batch's decode on the device (and until the slot is reused, after
+ * its copies completed: nvJPEG reads it from the stream's work). */
+typedef struct {
+    uint8_t *data;
+    size_t size, cap;
+    int64_t width, height;
+} loader_file;
+
+/* What a worker thread keeps between rows: its encoded file and its
+ * decoder's buffers, grown to the largest image it met. */
+typedef struct {
+    uint8_t *file;
+    size_t file_cap;
+    ga_image_workspace *ws;
+} loader_worker;
 
 typedef struct {
     ga_block *pinned[GA_LOADER_MAX_SOURCES]; /* CUDA: host staging, one per source */
@@ -71,6 +97,9 @@ typedef struct {
     int opening; /* a worker is preparing the slot */
     int ready;   /* outputs complete (CPU) or queued (CUDA) */
     ga_block *out[GA_LOADER_MAX_SOURCES];
+    uint8_t *skipped;   /* per row: a file left out under on_error="skip" */
+    int64_t nskipped;   /* (under mu) */
+    loader_file *files; /* decode="gpu": per row */
 } loader_slot;
 
 typedef struct {
@@ -100,6 +129,11 @@ typedef struct {
      * like the outputs (a new epoch's workers reuse the last one's pages);
      * the iterator owns them, so a forked child frees them too */
     ga_block *scratch[GA_LOADER_MAX_THREADS];
+    loader_worker workers[GA_LOADER_MAX_THREADS];
+    int has_images;
+    int gpu_decode;              /* source 0 is decoded on the device */
+    ga_jpeg_decoder *decoder;    /* decode="gpu": the device's (loader_jpeg_decoder) */
+    pthread_mutex_t *decoder_mu; /* its lock: one batch at a time */
     pthread_mutex_t mu;
     pthread_cond_t work_cv, ready_cv, consumer_cv;
     pid_t owner_pid;   /* the process whose threads these are (see forked()) */
@@ -115,6 +149,9 @@ typedef struct {
     /* statistics (under mu) */
     int64_t batches_out, samples_out;
     double gather_seconds, copy_seconds, wait_seconds, started_at;
+    int64_t skipped;
+    int nskip_texts;
+    char skip_texts[GA_LOADER_SKIP_TEXTS][640];
 } LoaderIterObject;
 
 static double now_seconds(void)
@@ -357,11 +394,154 @@ static int gather_mapped(LoaderIterObject *it, const loader_source *s, int64_t f
     return 0;
 }
 
+/* ----------------------------------------------------------- images */
+
+/* Reads a whole file into *buf (grown as needed); 0, or an errno. */
+static int read_image_file(uint8_t **buf, size_t *cap, const char *path, size_t *size)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return errno;
+    struct stat st;
+    int err = 0;
+    size_t done = 0;
+    uint8_t *grown = NULL;
+    if (fstat(fd, &st) != 0) {
+        err = errno;
+    } else if (!S_ISREG(st.st_mode)) {
+        err = EISDIR;
+    } else if ((size_t)st.st_size > *cap &&
+               !(grown = realloc(*buf, (size_t)st.st_size + (size_t)st.st_size / 2))) {
+        err = ENOMEM;
+    } else {
+        if (grown) {
+            *buf = grown;
+            *cap = (size_t)st.st_size + (size_t)st.st_size / 2;
+        }
+        while (done < (size_t)st.st_size) {
+            ssize_t n = read(fd, *buf + done, (size_t)st.st_size - done);
+            if (n < 0 && errno == EINTR)
+                continue;
+            if (n <= 0) { /* n == 0: cut shorter since the fstat; decoding says so */
+                err = n < 0 ? errno : 0;
+                break;
+            }
+            done += (size_t)n;
+        }
+    }
+    close(fd);
+    *size = done;
+    return err;
+}
+
+/* Row `row` of the slot's batch: sample `sample` decoded into dst.  A file
+ * that cannot be read or decoded fails the epoch, or under
+ * on_error="skip" is left out of the batch (compact_slot), counted, and
+ * its reason kept for stats(). */
+static int row_failed(LoaderIterObject *it, loader_slot *slot, const loader_source *s, int64_t row,
+                      int err, char *text, size_t size, uint8_t *dst);
+
+static int decode_row(LoaderIterObject *it, loader_slot *slot, loader_worker *w,
+                      const loader_source *s, int64_t row, int64_t sample, uint8_t *dst)
+{
+    const char *path = s->paths + s->path_at[sample];
+    char text[640];
+    size_t size = 0;
+    loader_file *file = s->gpu_decode ? &slot->files[row] : NULL;
+    int err = file ? read_image_file(&file->data, &file->cap, path, &size)
+                   : read_image_file(&w->file, &w->file_cap, path, &size);
+    if (err == ENOMEM) {
+        fail(it, GA_STATUS(GA_ERR_HOST_OUT_OF_MEMORY, "no memory to read an image file"), 0, NULL);
+        return -1;
+    }
+    if (err) {
+        snprintf(text, sizeof text, "reading '%s' (sample %lld) failed: %s", path,
+                 (long long)sample, strerror(err));
+    } else {
+        ga_status status;
+        if (file) { /* the header now; the pixels with the batch, on the device */
+            file->size = size;
+            status = ga_cpu_jpeg_available()
+                         ? ga_cpu_image_size(file->data, size, &file->width, &file->height, w->ws)
+                         : ga_cuda_jpeg_image_size(it->decoder, file->data, size, &file->width,
+                                                   &file->height);
+        } else {
+            status = ga_cpu_decode_image(w->file, size, &s->image, sample, dst, w->ws, NULL);
+        }
+        if (!status.error)
+            return 0;
+        if (status.error == GA_ERR_HOST_OUT_OF_MEMORY ||
+            (!ga_cpu_jpeg_available() && !s->gpu_decode)) {
+            fail(it, status, 0, NULL);
+            return -1;
+        }
+        err = EIO;
+        snprintf(text, sizeof text, "'%s' (sample %lld): %s", path, (long long)sample,
+                 status.message);
+    }
+    return row_failed(it, slot, s, row, err, text, sizeof text, dst);
+}
+
+/* A row whose file could not be read or decoded: fails the epoch with
+ * `text`, or under on_error="skip" marks the row to be left out. */
+static int row_failed(LoaderIterObject *it, loader_slot *slot, const loader_source *s, int64_t row,
+                      int err, char *text, size_t size, uint8_t *dst)
+{
+    if (!s->skip_bad) {
+        size_t n = strlen(text);
+        snprintf(text + n, size - n,
+                 " (PinnedLoader(..., on_error=\"skip\") leaves such files out of their batch "
+                 "and counts them in stats())");
+        fail(it, ga_ok(), err, text);
+        return -1;
+    }
+    if (dst)
+        memset(dst, 0, (size_t)s->row_bytes);
+    pthread_mutex_lock(&it->mu);
+    slot->skipped[row] = 1;
+    slot->nskipped++;
+    it->skipped++;
+    if (it->nskip_texts < GA_LOADER_SKIP_TEXTS)
+        snprintf(it->skip_texts[it->nskip_texts++], sizeof it->skip_texts[0], "%s", text);
+    pthread_mutex_unlock(&it->mu);
+    return 0;
+}
+
+/* Drops the rows of skipped files from every source's rows of the batch
+ * (the staging buffers on CUDA, the outputs on the CPU), keeping the
+ * others in order. */
+static void compact_slot(LoaderIterObject *it, loader_slot *slot)
+{
+    int cuda = it->device.type == GA_DEVICE_CUDA;
+    /* decoded on the device: its rows were written compacted (decode_on_device) */
+    for (int i = it->gpu_decode ? 1 : 0; i < it->nsources; i++) {
+        char *base = cuda ? slot->pinned[i]->ptr : slot->out[i]->ptr;
+        int64_t bytes =
+            cuda || !(i == 0 && it->has_transform) ? it->src[i].row_bytes : it->transform_row_bytes;
+        int64_t kept = 0;
+        for (int64_t r = 0; r < slot->rows; r++) {
+            if (slot->skipped[r])
+                continue;
+            if (kept != r)
+                memmove(base + kept * bytes, base + r * bytes, (size_t)bytes);
+            kept++;
+        }
+    }
+    slot->rows -= slot->nskipped;
+}
+
 /* Gathers rows [r0, r1) of the batch starting at sample `first` into dst
  * (rows back to back), reading runs of consecutive indices at once. */
-static int gather_rows(LoaderIterObject *it, const loader_source *s, int64_t first, int64_t r0,
-                       int64_t r1, char *dst)
+static int gather_rows(LoaderIterObject *it, loader_slot *slot, loader_worker *w,
+                       const loader_source *s, int64_t first, int64_t r0, int64_t r1, char *dst)
 {
+    if (s->is_images) {
+        const int64_t *idx = it->indices + first;
+        for (int64_t r = r0; r < r1; r++)
+            if (decode_row(it, slot, w, s, r, idx[r], (uint8_t *)dst + (r - r0) * s->row_bytes) < 0)
+                return -1;
+        return 0;
+    }
     if (s->map)
         return gather_mapped(it, s, first, r0, r1, dst);
     const int64_t *idx = it->indices + first;
@@ -389,6 +569,8 @@ static int gather_rows(LoaderIterObject *it, const loader_source *s, int64_t fir
 
 static int64_t chunk_rows(LoaderIterObject *it)
 {
+    if (it->has_images)
+        return 1; /* a decode takes about a millisecond: share them out one by one */
     int64_t bytes = 0;
     for (int i = 0; i < it->nsources; i++)
         bytes += it->src[i].row_bytes;
@@ -396,7 +578,8 @@ static int64_t chunk_rows(LoaderIterObject *it)
     return rows < 1 ? 1 : rows;
 }
 
-static int gather_chunk_rows(LoaderIterObject *it, loader_slot *slot, int64_t chunk, char *scratch)
+static int gather_chunk_rows(LoaderIterObject *it, loader_slot *slot, int64_t chunk,
+                             loader_worker *w, char *scratch)
 {
     int64_t per = chunk_rows(it);
     int64_t r0 = chunk * per, r1 = r0 + per < slot->rows ? r0 + per : slot->rows;
@@ -405,12 +588,12 @@ static int gather_chunk_rows(LoaderIterObject *it, loader_slot *slot, int64_t ch
         const loader_source *s = &it->src[i];
         int cuda = it->device.type == GA_DEVICE_CUDA;
         if (cuda) {
-            char *dst = (char *)slot->pinned[i]->ptr + r0 * s->row_bytes;
-            if (gather_rows(it, s, first, r0, r1, dst) < 0)
+            char *dst = slot->pinned[i] ? (char *)slot->pinned[i]->ptr + r0 * s->row_bytes : NULL;
+            if (gather_rows(it, slot, w, s, first, r0, r1, dst) < 0)
                 return -1;
         } else if (i == 0 && it->has_transform) {
             /* raw rows into scratch, normalized straight into the output */
-            if (gather_rows(it, s, first, r0, r1, scratch) < 0)
+            if (gather_rows(it, slot, w, s, first, r0, r1, scratch) < 0)
                 return -1;
             ga_normalize_desc d = it->transform;
             d.src = (const uint8_t *)scratch;
@@ -426,7 +609,7 @@ static int gather_chunk_rows(LoaderIterObject *it, loader_slot *slot, int64_t ch
             }
         } else {
             char *dst = (char *)slot->out[i]->ptr + r0 * s->row_bytes;
-            if (gather_rows(it, s, first, r0, r1, dst) < 0)
+            if (gather_rows(it, slot, w, s, first, r0, r1, dst) < 0)
                 return -1;
         }
     }
@@ -435,10 +618,11 @@ static int gather_chunk_rows(LoaderIterObject *it, loader_slot *slot, int64_t ch
 
 /* A chunk of the batch gathered inside an NVTX range (the workers' share of
  * the loader's work, beside the copies of finish_slot). */
-static int gather_chunk(LoaderIterObject *it, loader_slot *slot, int64_t chunk, char *scratch)
+static int gather_chunk(LoaderIterObject *it, loader_slot *slot, int64_t chunk, loader_worker *w,
+                        char *scratch)
 {
     ga_cuda_range_push("gpuaccel::loader_gather");
-    int rc = gather_chunk_rows(it, slot, chunk, scratch);
+    int rc = gather_chunk_rows(it, slot, chunk, w, scratch);
     ga_cuda_range_pop();
     return rc;
 }
@@ -473,6 +657,8 @@ static int open_slot(LoaderIterObject *it, loader_slot *slot, int64_t batch)
         slot->copied_pending = 0;
     }
     for (int i = 0; cuda && i < it->nsources; i++) {
+        if (!slot->pinned[i]) /* decode="gpu": source 0 has none */
+            continue;
         /* the workers write the staging buffers next */
         ga_status status = ga_cuda_host_access(slot->pinned[i]->ptr, slot->pinned[i]->size, 1);
         if (status.error) {
@@ -492,7 +678,96 @@ static int open_slot(LoaderIterObject *it, loader_slot *slot, int64_t batch)
     }
     slot->rows = rows;
     slot->nchunks = (rows + chunk_rows(it) - 1) / chunk_rows(it);
+    if (slot->skipped)
+        memset(slot->skipped, 0, (size_t)it->batch_size);
+    slot->nskipped = 0;
     return 0;
+}
+
+/* decode="gpu": the batch's files (read by the workers, rows not skipped)
+ * decoded by nvJPEG into one device buffer from the pool, then each
+ * cropped, resized and flipped by the resize kernel into the batch's
+ * uint8 rows on the device (the staging buffer the normalize reads, or
+ * the output), skipped rows left out — all queued on the copy stream.  A
+ * file nvJPEG cannot decode fails the epoch or is skipped, as on the CPU. */
+static int decode_on_device(LoaderIterObject *it, loader_slot *slot)
+{
+    const loader_source *s = &it->src[0];
+    int dev = it->device.index;
+    int64_t n = slot->rows, first = slot->batch * it->batch_size;
+    const uint8_t **data = calloc((size_t)n + 1, sizeof *data);
+    size_t *sizes = calloc((size_t)n + 1, sizeof *sizes);
+    uint8_t **dst = calloc((size_t)n + 1, sizeof *dst);
+    int64_t *widths = calloc((size_t)n + 1, sizeof *widths), *heights = calloc((size_t)n + 1, 8);
+    int64_t *rows = calloc((size_t)n + 1, sizeof *rows);
+    int *bad = calloc((size_t)n + 1, sizeof *bad);
+    ga_resize_job *jobs = calloc((size_t)n + 1, sizeof *jobs);
+    ga_block *decoded = NULL;
+    int rc = -1;
+    if (!data || !sizes || !dst || !widths || !heights || !rows || !bad || !jobs) {
+        fail(it, GA_STATUS(GA_ERR_HOST_OUT_OF_MEMORY, "no memory to decode a batch"), 0, NULL);
+        goto done;
+    }
+    int m = 0;
+    size_t total = 0;
+    for (int64_t r = 0; r < n; r++) {
+        if (slot->skipped[r])
+            continue;
+        const loader_file *f = &slot->files[r];
+        data[m] = f->data, sizes[m] = f->size, widths[m] = f->width, heights[m] = f->height;
+        rows[m++] = r;
+        total += (size_t)(f->width * f->height * 3);
+    }
+    ga_status status =
+        ga_block_alloc_status(GA_MEM_DEVICE, dev, total ? total : 1, it->copy_stream, &decoded);
+    size_t at = 0;
+    for (int k = 0; k < m && !status.error; k++) {
+        dst[k] = (uint8_t *)decoded->ptr + at;
+        at += (size_t)(widths[k] * heights[k] * 3);
+    }
+    if (!status.error && m > 0) {
+        pthread_mutex_lock(it->decoder_mu);
+        status = ga_cuda_decode_jpegs(it->decoder, m, data, sizes, dst, widths, heights, bad,
+                                      it->copy_stream);
+        pthread_mutex_unlock(it->decoder_mu);
+    }
+    if (status.error) {
+        fail(it, status, 0, NULL);
+        goto done;
+    }
+    uint8_t *target = it->has_transform ? slot->staging->ptr : slot->out[0]->ptr;
+    int kept = 0;
+    for (int k = 0; k < m; k++) {
+        int64_t sample = it->indices[first + rows[k]];
+        if (bad[k]) {
+            char text[640];
+            snprintf(text, sizeof text,
+                     "'%s' (sample %lld): nvJPEG cannot decode it (damaged, or a kind it does not "
+                     "take, such as CMYK; decode=\"cpu\" decodes every JPEG libjpeg-turbo does)",
+                     s->paths + s->path_at[sample], (long long)sample);
+            if (row_failed(it, slot, s, rows[k], EIO, text, sizeof text, NULL) < 0)
+                goto done;
+            continue;
+        }
+        ga_resize_job *job = &jobs[kept];
+        job->src = dst[k];
+        job->src_h = heights[k], job->src_w = widths[k], job->src_pitch = widths[k] * 3;
+        job->dst = target + (size_t)kept * (size_t)s->row_bytes;
+        ga_image_plan(&s->image, sample, widths[k], heights[k], &job->g);
+        kept++;
+    }
+    status = ga_cuda_resize_images(dev, jobs, kept, it->copy_stream);
+    if (status.error) {
+        fail(it, status, 0, NULL);
+        goto done;
+    }
+    rc = 0;
+done:
+    if (decoded) /* allocated and used on the copy stream: reused in its order */
+        ga_block_free(decoded);
+    free(data), free(sizes), free(dst), free(widths), free(heights), free(rows), free(bad);
+    free(jobs);
+    return rc;
 }
 
 /* The batch in the slot is gathered: queue its copies (CUDA). */
@@ -508,7 +783,9 @@ static int finish_slot(LoaderIterObject *it, loader_slot *slot)
     for (int i = 0; i < it->nsources && !status.error; i++) {
         size_t bytes = (size_t)(slot->rows * it->src[i].row_bytes);
         if (i == 0 && it->has_transform) {
-            status = ga_cuda_memcpy_async(dev, slot->staging->ptr, slot->pinned[0]->ptr, bytes, s);
+            if (!it->gpu_decode) /* decoded on the device: already in staging */
+                status =
+                    ga_cuda_memcpy_async(dev, slot->staging->ptr, slot->pinned[0]->ptr, bytes, s);
             if (!status.error) {
                 ga_normalize_desc d = it->transform;
                 d.src = (const uint8_t *)slot->staging->ptr;
@@ -516,7 +793,7 @@ static int finish_slot(LoaderIterObject *it, loader_slot *slot)
                 d.n = slot->rows;
                 status = ga_cuda_normalize_images(dev, &d, s);
             }
-        } else {
+        } else if (!(i == 0 && it->gpu_decode)) {
             status = ga_cuda_memcpy_async(dev, slot->out[i]->ptr, slot->pinned[i]->ptr, bytes, s);
         }
     }
@@ -538,6 +815,7 @@ static void *worker_main(void *arg)
     LoaderIterObject *it = (LoaderIterObject *)arg;
     int worker = atomic_fetch_add(&it->worker_ids, 1);
     char *scratch = it->scratch[worker] ? it->scratch[worker]->ptr : NULL;
+    loader_worker *w = &it->workers[worker];
     if (it->device.type == GA_DEVICE_CUDA) {
         ga_status status = ga_cuda_thread_init(it->device.index);
         if (status.error) {
@@ -578,7 +856,7 @@ static void *worker_main(void *arg)
         int64_t chunk = slot->next_chunk++;
         pthread_mutex_unlock(&it->mu);
         double t0 = now_seconds();
-        int rc = gather_chunk(it, slot, chunk, scratch);
+        int rc = gather_chunk(it, slot, chunk, w, scratch);
         double spent = now_seconds() - t0;
         pthread_mutex_lock(&it->mu);
         it->gather_seconds += spent;
@@ -586,7 +864,12 @@ static void *worker_main(void *arg)
             break;
         if (++slot->done_chunks == slot->nchunks) {
             pthread_mutex_unlock(&it->mu);
-            rc = finish_slot(it, slot);
+            /* every row is gathered: nobody else touches the slot */
+            rc = it->gpu_decode ? decode_on_device(it, slot) : 0;
+            if (rc == 0 && slot->nskipped)
+                compact_slot(it, slot);
+            if (rc == 0)
+                rc = finish_slot(it, slot);
             pthread_mutex_lock(&it->mu);
             if (rc < 0)
                 break;
@@ -627,6 +910,17 @@ static void release_scratch(LoaderIterObject *it)
     for (int t = 0; t < GA_LOADER_MAX_THREADS; t++) {
         ga_block_free(it->scratch[t]);
         it->scratch[t] = NULL;
+        free(it->workers[t].file);
+        ga_cpu_image_workspace_free(it->workers[t].ws);
+        memset(&it->workers[t], 0, sizeof it->workers[t]);
+    }
+    for (int k = 0; it->slots && k < it->nslots; k++) {
+        free(it->slots[k].skipped);
+        it->slots[k].skipped = NULL;
+        for (int64_t r = 0; it->slots[k].files && r < it->batch_size; r++)
+            free(it->slots[k].files[r].data);
+        free(it->slots[k].files);
+        it->slots[k].files = NULL;
     }
 }
 
@@ -736,6 +1030,28 @@ static ga_status loader_copy_stream(int device, ga_stream *out)
     return status;
 }
 
+/* One nvJPEG decoder per device for every loader of the process, made at
+ * the first decode="gpu" epoch (its hardware backend takes a while to
+ * start) and kept, like the copy stream; loaders take turns with it. */
+static ga_status loader_jpeg_decoder(int device, ga_jpeg_decoder **out, pthread_mutex_t **mu)
+{
+    static ga_jpeg_decoder *decoders[GA_MAX_DEVICES];
+    static pthread_mutex_t locks[GA_MAX_DEVICES];
+    static int hardware[GA_MAX_DEVICES];
+    static pthread_mutex_t made = PTHREAD_MUTEX_INITIALIZER;
+    ga_status status = ga_ok();
+    pthread_mutex_lock(&made);
+    if (!decoders[device]) {
+        status = ga_cuda_jpeg_decoder_create(device, &decoders[device], &hardware[device]);
+        if (!status.error)
+            pthread_mutex_init(&locks[device], NULL);
+    }
+    *out = decoders[device];
+    *mu = &locks[device];
+    pthread_mutex_unlock(&made);
+    return status;
+}
+
 /* ------------------------------------------------------- construction */
 
 /* Maps the opened source file for copying rows out of it, reusing the last
@@ -777,6 +1093,65 @@ static int map_source(loader_source *s, PyObject *previous)
         return -1;
     }
     s->map = (const char *)m->addr + s->offset;
+    return 0;
+}
+
+/* ("images", paths, offsets, transform spec, epoch, skip): `paths` a uint8
+ * array of NUL-terminated paths back to back, `offsets` an int64 array of
+ * where each sample's starts (gpuaccel/images.py builds both once). */
+static int parse_images(LoaderIterObject *it, PyObject *spec, loader_source *s, int index)
+{
+    const char *kind;
+    PyObject *paths, *offsets, *transform;
+    long long epoch;
+    int skip, gpu = 0;
+    if (!PyArg_ParseTuple(spec, "sOOOLp|p", &kind, &paths, &offsets, &transform, &epoch, &skip,
+                          &gpu))
+        return -1;
+    if (gpu && index != 0) {
+        PyErr_SetString(PyExc_ValueError, "decode=\"gpu\" applies to the first source");
+        return -1;
+    }
+    if (!PyArray_Check(paths) || PyArray_TYPE((PyArrayObject *)paths) != NPY_UINT8 ||
+        PyArray_NDIM((PyArrayObject *)paths) != 1 ||
+        !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)paths) || !PyArray_Check(offsets) ||
+        PyArray_TYPE((PyArrayObject *)offsets) != NPY_INT64 ||
+        PyArray_NDIM((PyArrayObject *)offsets) != 1 ||
+        !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)offsets)) {
+        PyErr_Format(PyExc_TypeError,
+                     "source %d: images need a contiguous uint8 array of paths "
+                     "and an int64 array of their offsets",
+                     index);
+        return -1;
+    }
+    s->paths = (const char *)PyArray_DATA((PyArrayObject *)paths);
+    s->path_at = (const int64_t *)PyArray_DATA((PyArrayObject *)offsets);
+    s->nrows = PyArray_DIM((PyArrayObject *)offsets, 0);
+    int64_t blob = PyArray_DIM((PyArrayObject *)paths, 0);
+    if (blob < 1 || s->paths[blob - 1] != '\0') {
+        PyErr_Format(PyExc_ValueError, "source %d: the paths must end with a NUL byte", index);
+        return -1;
+    }
+    for (int64_t k = 0; k < s->nrows; k++) {
+        if (s->path_at[k] < 0 || s->path_at[k] >= blob) {
+            PyErr_Format(PyExc_ValueError, "source %d: path offset %lld is outside the paths",
+                         index, (long long)s->path_at[k]);
+            return -1;
+        }
+    }
+    if (ga_image_transform_from_object(transform, epoch, &s->image) < 0)
+        return -1;
+    s->is_images = 1;
+    s->skip_bad = skip;
+    s->gpu_decode = gpu;
+    it->gpu_decode = gpu;
+    s->dtype = GA_UINT8;
+    s->row_ndim = 3;
+    s->row_shape[0] = s->image.out_h, s->row_shape[1] = s->image.out_w, s->row_shape[2] = 3;
+    s->row_bytes = s->image.out_h * s->image.out_w * 3;
+    it->has_images = 1;
+    if (PyList_Append(it->owners, paths) < 0 || PyList_Append(it->owners, offsets) < 0)
+        return -1;
     return 0;
 }
 
@@ -867,16 +1242,18 @@ static int parse_source(ga_state *st, LoaderIterObject *it, PyObject *spec, load
         }
         return map_source(s, previous_mapping);
     }
+    if (strcmp(kind, "images") == 0)
+        return parse_images(it, spec, s, index);
     PyErr_Format(PyExc_TypeError, "source %d: unknown kind '%s'", index, kind);
     return -1;
 }
 
 static int parse_transform(ga_state *st, LoaderIterObject *it, PyObject *obj)
 {
-    /* (scale list, shift list, dtype, nchw) applied to source 0 */
+    /* (scale list, shift list, dtype, nchw[, src_chw]) applied to source 0 */
     PyObject *scale, *shift, *dtype_obj;
-    int nchw;
-    if (!PyArg_ParseTuple(obj, "OOOp", &scale, &shift, &dtype_obj, &nchw))
+    int nchw, src_chw = 0;
+    if (!PyArg_ParseTuple(obj, "OOOp|p", &scale, &shift, &dtype_obj, &nchw, &src_chw))
         return -1;
     loader_source *s = &it->src[0];
     if (s->dtype != GA_UINT8 || s->row_ndim != 3) {
@@ -886,9 +1263,10 @@ static int parse_transform(ga_state *st, LoaderIterObject *it, PyObject *obj)
     }
     ga_normalize_desc *d = &it->transform;
     memset(d, 0, sizeof *d);
-    d->h = s->row_shape[0];
-    d->w = s->row_shape[1];
-    d->c = s->row_shape[2];
+    d->src_chw = src_chw;
+    d->h = s->row_shape[src_chw ? 1 : 0];
+    d->w = s->row_shape[src_chw ? 2 : 1];
+    d->c = s->row_shape[src_chw ? 0 : 2];
     d->nchw = nchw;
     if (ga_dtype_from_object(st, dtype_obj, &d->dtype, "dtype") < 0)
         return -1;
@@ -928,7 +1306,7 @@ static int allocate_ring(ga_state *st, LoaderIterObject *it, int nslots)
     int dev = it->device.index;
     for (int k = 0; k < nslots; k++) {
         loader_slot *slot = &it->slots[k];
-        for (int i = 0; i < it->nsources; i++) {
+        for (int i = it->gpu_decode ? 1 : 0; i < it->nsources; i++) {
             slot->pinned[i] = ga_block_alloc(st, GA_MEM_PINNED, -1,
                                              (size_t)(it->batch_size * it->src[i].row_bytes), NULL);
             if (!slot->pinned[i])
@@ -1036,10 +1414,16 @@ static PyObject *LoaderIter_new(PyTypeObject *type, PyObject *args, PyObject *kw
         goto error;
     if (transform != Py_None && parse_transform(st, it, transform) < 0)
         goto error;
+    if (it->gpu_decode && it->device.type != GA_DEVICE_CUDA) {
+        PyErr_SetString(PyExc_ValueError, "decode=\"gpu\" needs a CUDA device");
+        goto error;
+    }
     if (it->device.type == GA_DEVICE_CUDA) {
         if (ga_ensure_cuda_device(st, it->device.index) < 0)
             goto error;
         GA_CHECK(st, loader_copy_stream(it->device.index, &it->copy_stream));
+        if (it->gpu_decode)
+            GA_CHECK(st, loader_jpeg_decoder(it->device.index, &it->decoder, &it->decoder_mu));
     } else {
         it->pinned_out = ga_cuda_usable();
     }
@@ -1050,6 +1434,22 @@ static PyObject *LoaderIter_new(PyTypeObject *type, PyObject *args, PyObject *kw
                                         (size_t)(chunk_rows(it) * it->src[0].row_bytes), NULL);
         if (!it->scratch[t])
             goto error;
+    }
+    for (int t = 0; t < num_threads && it->has_images; t++) {
+        it->workers[t].ws = ga_cpu_image_workspace_new();
+        if (!it->workers[t].ws) {
+            PyErr_NoMemory();
+            goto error;
+        }
+    }
+    for (int k = 0; k < it->nslots && it->has_images; k++) {
+        it->slots[k].skipped = calloc((size_t)it->batch_size, 1);
+        if (it->gpu_decode)
+            it->slots[k].files = calloc((size_t)it->batch_size, sizeof(loader_file));
+        if (!it->slots[k].skipped || (it->gpu_decode && !it->slots[k].files)) {
+            PyErr_NoMemory();
+            goto error;
+        }
     }
     it->nthreads = num_threads;
     it->started_at = now_seconds();
@@ -1266,16 +1666,45 @@ static PyObject *LoaderIter_stats(LoaderIterObject *it, PyObject *unused)
     if (locked)
         pthread_mutex_lock(&it->mu);
     double elapsed = now_seconds() - it->started_at;
-    PyObject *r = Py_BuildValue(
-        "{s:L,s:L,s:L,s:d,s:d,s:d,s:d,s:d,s:i,s:i}", "batches", (long long)it->batches_out,
-        "samples", (long long)it->samples_out, "batches_per_epoch", (long long)it->num_batches,
-        "elapsed_seconds", elapsed, "samples_per_second",
-        elapsed > 0 ? (double)it->samples_out / elapsed : 0.0, "gather_seconds", it->gather_seconds,
-        "copy_seconds", it->copy_seconds, "consumer_wait_seconds", it->wait_seconds, "threads",
-        it->nthreads, "ring_slots", it->nslots);
+    PyObject *skipped_files = PyList_New(it->nskip_texts);
+    for (int k = 0; skipped_files && k < it->nskip_texts; k++) {
+        PyObject *text = PyUnicode_DecodeUTF8(it->skip_texts[k],
+                                              (Py_ssize_t)strlen(it->skip_texts[k]), "replace");
+        if (!text)
+            Py_CLEAR(skipped_files);
+        else
+            PyList_SET_ITEM(skipped_files, k, text);
+    }
+    PyObject *r =
+        skipped_files
+            ? Py_BuildValue(
+                  "{s:L,s:L,s:L,s:d,s:d,s:d,s:d,s:d,s:i,s:i,s:L,s:N}", "batches",
+                  (long long)it->batches_out, "samples", (long long)it->samples_out,
+                  "batches_per_epoch", (long long)it->num_batches, "elapsed_seconds", elapsed,
+                  "samples_per_second", elapsed > 0 ? (double)it->samples_out / elapsed : 0.0,
+                  "gather_seconds", it->gather_seconds, "copy_seconds", it->copy_seconds,
+                  "consumer_wait_seconds", it->wait_seconds, "threads", it->nthreads, "ring_slots",
+                  it->nslots, "skipped", (long long)it->skipped, "skipped_files", skipped_files)
+            : NULL;
     if (locked)
         pthread_mutex_unlock(&it->mu);
     return r;
+}
+
+static PyObject *LoaderIter_jpeg_version(PyObject *unused, PyObject *unused2)
+{
+    (void)unused, (void)unused2;
+    if (!ga_cpu_jpeg_available())
+        Py_RETURN_NONE;
+    return PyUnicode_FromString(ga_cpu_jpeg_version());
+}
+
+static PyObject *LoaderIter_nvjpeg_version(PyObject *unused, PyObject *unused2)
+{
+    (void)unused, (void)unused2;
+    if (!ga_cuda_nvjpeg_available())
+        Py_RETURN_NONE;
+    return PyUnicode_FromString(ga_cuda_nvjpeg_version());
 }
 
 static PyObject *LoaderIter_get_remaining(LoaderIterObject *it, void *c)
@@ -1333,6 +1762,19 @@ static PyMethodDef LoaderIter_methods[] = {
     {"close", (PyCFunction)LoaderIter_close, METH_NOARGS,
      "Stops and joins the worker threads and frees the ring."},
     {"stats", (PyCFunction)LoaderIter_stats, METH_NOARGS, NULL},
+    {"image_geometry", (PyCFunction)(void (*)(void))ga_image_geometry_method,
+     METH_VARARGS | METH_KEYWORDS | METH_STATIC,
+     "image_geometry(width, height, spec, index, epoch=0) -> dict: the crop, resize and flip "
+     "sample `index` draws"},
+    {"decode_image", (PyCFunction)(void (*)(void))ga_image_decode_method,
+     METH_VARARGS | METH_KEYWORDS | METH_STATIC,
+     "decode_image(data, spec, index, epoch=0) -> (uint8 HWC ndarray, geometry dict)"},
+    {"image_size", (PyCFunction)ga_image_size_method, METH_O | METH_STATIC,
+     "image_size(data) -> (width, height) of an encoded JPEG"},
+    {"nvjpeg_version", (PyCFunction)LoaderIter_nvjpeg_version, METH_NOARGS | METH_STATIC,
+     "nvJPEG's version, or None in a build without it"},
+    {"jpeg_version", (PyCFunction)LoaderIter_jpeg_version, METH_NOARGS | METH_STATIC,
+     "libjpeg-turbo's version, or None in a build without it"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -324,12 +324,12 @@ static int run_matmul(ga_state *st, const ga_op *op, const matmul_plan *p, Array
 static PyObject *matmul_entry(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
                               PyObject *kwnames)
 {
+    ga_state *st = ga_state_from_module(module);
     matmul_args arg;
     ga_activation act;
     if (ga_parse_args_into("matmul", args, nargs, kwnames, matmul_fields, 2, 2, &arg) < 0 ||
-        ga_op_activation(arg.activation, &act, "matmul") < 0)
+        ga_op_activation(st, arg.activation, &act, "matmul") < 0)
         return NULL;
-    ga_state *st = ga_state_from_module(module);
     ArrayObject *a, *b, *bias, *av = NULL, *bv = NULL, *d = NULL, *target = NULL;
     PyObject *result = NULL;
     const ga_operand operands[] = {
@@ -454,12 +454,12 @@ done:
 static PyObject *linear_entry(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
                               PyObject *kwnames)
 {
+    ga_state *st = ga_state_from_module(module);
     linear_args arg;
     ga_forward f;
     if (ga_parse_args_into("linear", args, nargs, kwnames, linear_fields, 4, 2, &arg) < 0 ||
-        ga_forward_parse(&f, "linear", arg.save_preactivation, arg.activation) < 0)
+        ga_forward_parse(st, &f, "linear", arg.save_preactivation, arg.activation) < 0)
         return NULL;
-    ga_state *st = ga_state_from_module(module);
     PyObject *result = NULL;
     const ga_op *op = &f.op;
     if (ga_forward_begin(st, &f, arg.x, arg.weight, arg.bias, arg.stream) < 0 ||
@@ -470,7 +470,7 @@ static PyObject *linear_entry(PyObject *module, PyObject *const *args, Py_ssize_
     shape[f.x->ndim - 1] = f.weight->shape[0];
     if (!(f.y = ga_op_result(st, op, arg.out, f.x->dtype, f.x->ndim, shape)))
         goto done;
-    if (f.save && f.act == GA_ACT_GELU &&
+    if (f.save && f.act != GA_ACT_NONE && !ga_activation_grad_reads_output(f.act) &&
         !(f.z = ga_op_result(st, op, arg.preactivation_out, f.x->dtype, f.x->ndim, shape)))
         goto done;
     if (!(f.x_read = rows_view(st, op, f.x, &M, &x_row)) ||
@@ -582,21 +582,21 @@ static ArrayObject *linear_grad_weight(ga_state *st, const ga_op *op, PyObject *
 static PyObject *linear_backward_entry(PyObject *module, PyObject *const *args, Py_ssize_t nargs,
                                        PyObject *kwnames)
 {
+    ga_state *st = ga_state_from_module(module);
     linear_backward_args arg;
     ga_backward g;
     if (ga_parse_args_into("linear_backward", args, nargs, kwnames, linear_backward_fields, 3, 3,
                            &arg) < 0 ||
-        ga_backward_parse(&g, "linear_backward", arg.out, arg.needs_input_grad,
+        ga_backward_parse(st, &g, "linear_backward", arg.out, arg.needs_input_grad,
                           arg.needs_weight_grad, arg.needs_bias_grad, arg.activation) < 0)
         return NULL;
     if (g.act != GA_ACT_NONE && (!arg.preactivation || arg.preactivation == Py_None)) {
         PyErr_Format(PyExc_ValueError,
-                     "linear_backward: activation=%s needs preactivation (what linear(..., "
+                     "linear_backward: activation='%s' needs preactivation (what linear(..., "
                      "save_preactivation=True) returned)",
-                     g.act == GA_ACT_GELU ? "'gelu'" : "'relu'");
+                     ga_activation_name(g.act));
         return NULL;
     }
-    ga_state *st = ga_state_from_module(module);
     ArrayObject *dz = NULL, *gyv = NULL, *xv = NULL, *wv = NULL;
     PyObject *result = NULL;
     PyObject *aux = g.act != GA_ACT_NONE ? arg.preactivation : NULL;

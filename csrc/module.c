@@ -16,6 +16,7 @@
 #include "loader.h"
 #include "logger.h"
 #include "matmul.h"
+#include "opcall.h"
 #include "fallback.h"
 #include "settings.h"
 
@@ -31,6 +32,12 @@ PyDoc_STRVAR(fallback_error_doc,
              "hide a bug or a broken installation, under gpuaccel.set_fallback_policy('raise').\n\n"
              ".name is the reason (see matmul_stats()['fallback_reasons']), .code the library's "
              "status, .call the op.");
+PyDoc_STRVAR(gelu_changed_doc,
+             "activation='gelu' was asked for: it means the exact (erf) GELU of nn.GELU(), "
+             "where earlier gpuaccel versions computed the tanh approximation (now 'gelu_tanh'). "
+             "Shown once per process; 'gelu_erf' and 'gelu_tanh' name the form meant and never "
+             "warn.  A FutureWarning, so `warnings.filterwarnings('ignore', "
+             "category=gpuaccel.GeluChangedWarning)` silences it.");
 PyDoc_STRVAR(fallback_warning_doc,
              "A CUDA op fell back from the library call it asked for (see FallbackError); shown "
              "once per op and reason under gpuaccel.set_fallback_policy('warn'), the default.");
@@ -72,7 +79,15 @@ static int add_exceptions(PyObject *module, ga_state *st)
     if (st->FallbackWarning &&
         PyModule_AddObjectRef(module, "FallbackWarning", st->FallbackWarning) < 0)
         Py_CLEAR(st->FallbackWarning);
-    return st->CublasError && st->CudnnError && st->FallbackError && st->FallbackWarning ? 0 : -1;
+    st->GeluChangedWarning = PyErr_NewExceptionWithDoc("gpuaccel.GeluChangedWarning",
+                                                       gelu_changed_doc, PyExc_FutureWarning, NULL);
+    if (st->GeluChangedWarning &&
+        PyModule_AddObjectRef(module, "GeluChangedWarning", st->GeluChangedWarning) < 0)
+        Py_CLEAR(st->GeluChangedWarning);
+    return st->CublasError && st->CudnnError && st->FallbackError && st->FallbackWarning &&
+                   st->GeluChangedWarning
+               ? 0
+               : -1;
 }
 
 static PyTypeObject *add_type(PyObject *module, PyType_Spec *spec)
@@ -154,6 +169,7 @@ static int module_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->CudnnError);
     Py_VISIT(st->FallbackError);
     Py_VISIT(st->FallbackWarning);
+    Py_VISIT(st->GeluChangedWarning);
     Py_VISIT(st->current_stream);
     Py_VISIT(st->default_device);
     Py_VISIT(st->bfloat16_descr);
@@ -199,6 +215,7 @@ static int module_clear(PyObject *module)
     Py_CLEAR(st->CudnnError);
     Py_CLEAR(st->FallbackError);
     Py_CLEAR(st->FallbackWarning);
+    Py_CLEAR(st->GeluChangedWarning);
     Py_CLEAR(st->current_stream);
     Py_CLEAR(st->default_device);
     Py_CLEAR(st->bfloat16_descr);
@@ -300,7 +317,8 @@ static PyMethodDef module_methods[] = {
      "matmul($module, a, b, *, bias=None, activation=None, out=None, out_dtype=None, "
      "stream=None)\n--\n\nact(a @ b + bias) in one call: a (..., M, K), b (K, N) or (..., K, N) "
      "with broadcast batch dimensions (NumPy's rules, 1-D operands included); bias (N,); "
-     "activation None, 'relu' or 'gelu' (tanh approximation); float16/bfloat16 accumulate in "
+     "activation None, 'relu', 'gelu' (exact, erf, as nn.GELU()), 'gelu_tanh' (its tanh "
+     "approximation), 'silu', 'hardswish' or 'sigmoid'; float16/bfloat16 accumulate in "
      "float32 (out_dtype='float32' keeps the result in float32).  stream: None (gpuaccel's "
      "current stream, else torch's for torch tensors), a Stream, a torch.cuda.Stream, an int "
      "handle, or 'torch' (torch's current stream whatever gpuaccel's is); the same for every op."},
@@ -308,8 +326,8 @@ static PyMethodDef module_methods[] = {
      "linear($module, x, weight, bias=None, activation=None, *, out=None, "
      "save_preactivation=False, stream=None)\n--\n\ny = act(x @ weight.T + bias) with weight "
      "(out_features, in_features) as nn.Linear.  With save_preactivation=True returns (y, aux), "
-     "aux being what linear_backward needs: the pre-activation for gelu, y itself for relu, None "
-     "without an activation."},
+     "aux being what linear_backward needs: y itself for relu, the pre-activation for the other "
+     "activations, None without one."},
     {"linear_backward", KW ga_py_linear_backward, METH_FASTCALL | METH_KEYWORDS,
      "linear_backward($module, grad_y, x, weight, *, activation=None, preactivation=None, "
      "needs_input_grad=True, needs_weight_grad=True, needs_bias_grad=True, stream=None, "
@@ -326,7 +344,13 @@ static PyMethodDef module_methods[] = {
      "conv2d_backward($module, grad_y, x, weight, *, stride=1, padding=0, dilation=1, groups=1, "
      "activation=None, y=None, preactivation=None, layout='NCHW', needs_input_grad=True, "
      "needs_weight_grad=True, needs_bias_grad=True, stream=None, out=None)\n--\n\n(grad_x, "
-     "grad_weight, grad_bias); relu needs y (or the pre-activation), gelu the pre-activation."},
+     "grad_weight, grad_bias); relu needs y (or the pre-activation), the other activations the "
+     "pre-activation."},
+    {"_activation_name", (PyCFunction)(void (*)(void))ga_py_activation_name, METH_FASTCALL,
+     "_activation_name($module, activation, caller, stacklevel, /)\n--\n\nReturns str.  The "
+     "activation's own name ('none' for None) as the ops parse it, with their ValueError "
+     "(naming caller) and their one-time GeluChangedWarning for 'gelu' (at warnings.warn's "
+     "stacklevel): gpuaccel.torch's parser."},
     {"set_matmul_precision", ga_py_set_matmul_precision, METH_O,
      "set_matmul_precision($module, precision, /)\n--\n\n'high' (and 'medium', the same here) "
      "lets float32 matmuls and linears use TF32 tensor cores, as "

@@ -191,22 +191,80 @@ void ga_op_end(ga_op *op)
 
 /* ----------------------------------------------------------- arguments */
 
-int ga_op_activation(PyObject *obj, ga_activation *out, const char *op)
+/* The names the ops take: every activation's own (kernels.h's
+ * ga_activation_name), and "gelu_erf", the exact GELU by a name that never
+ * warns. */
+static const struct {
+    const char *name;
+    ga_activation act;
+} activation_names[] = {
+    {"none", GA_ACT_NONE},           {"relu", GA_ACT_RELU},           {"gelu", GA_ACT_GELU},
+    {"gelu_erf", GA_ACT_GELU},       {"gelu_tanh", GA_ACT_GELU_TANH}, {"silu", GA_ACT_SILU},
+    {"hardswish", GA_ACT_HARDSWISH}, {"sigmoid", GA_ACT_SIGMOID},
+};
+
+/* "gelu" meant the tanh approximation before it meant nn.GELU()'s exact
+ * form: an old script that asks for it would change its numerics without
+ * a word, so the first request in a process says so (a FutureWarning that
+ * a filter silences; "gelu_erf" and "gelu_tanh" say which is meant and
+ * never warn). */
+static int warn_gelu_changed(ga_state *st, int stacklevel)
+{
+    if (st->gelu_warned)
+        return 0;
+    if (PyErr_WarnEx(st->GeluChangedWarning,
+                     "gpuaccel: activation='gelu' now means the exact (erf) GELU of nn.GELU(); "
+                     "earlier gpuaccel versions computed its tanh approximation, now spelled "
+                     "'gelu_tanh'. Pass 'gelu_tanh' to keep the old numerics, or 'gelu_erf' to "
+                     "say you mean the exact form (neither warns).",
+                     stacklevel) < 0)
+        return -1;
+    st->gelu_warned = 1;
+    return 0;
+}
+
+static int parse_activation(ga_state *st, PyObject *obj, ga_activation *out, const char *op,
+                            int stacklevel)
 {
     const char *name = obj == NULL || obj == Py_None ? "none" : ga_exact_utf8(obj);
-    if (name && strcmp(name, "none") == 0)
-        *out = GA_ACT_NONE;
-    else if (name && strcmp(name, "relu") == 0)
-        *out = GA_ACT_RELU;
-    else if (name && strcmp(name, "gelu") == 0)
-        *out = GA_ACT_GELU;
-    else {
-        PyErr_Format(PyExc_ValueError,
-                     "%s: activation must be None, 'relu' or 'gelu' (tanh approximation), got %R",
-                     op, obj);
-        return -1;
+    for (size_t k = 0; name && k < sizeof activation_names / sizeof activation_names[0]; k++) {
+        if (strcmp(name, activation_names[k].name) != 0)
+            continue;
+        *out = activation_names[k].act;
+        return strcmp(name, "gelu") == 0 ? warn_gelu_changed(st, stacklevel) : 0;
     }
-    return 0;
+    PyErr_Format(PyExc_ValueError,
+                 "%s: activation must be None, 'relu', 'gelu' (exact, as nn.GELU()), "
+                 "'gelu_tanh' (its tanh approximation), 'silu', 'hardswish' or 'sigmoid', got %R",
+                 op, obj);
+    return -1;
+}
+
+int ga_op_activation(ga_state *st, PyObject *obj, ga_activation *out, const char *op)
+{
+    /* a C function has no frame of its own: 1 is the op's caller */
+    return parse_activation(st, obj, out, op, 1);
+}
+
+PyObject *ga_py_activation_name(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "_activation_name() takes 3 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    const char *caller = ga_exact_utf8(args[1]);
+    long stacklevel = PyLong_Check(args[2]) ? PyLong_AsLong(args[2]) : -1;
+    if (!caller || stacklevel < 1 || stacklevel > 100) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(
+                PyExc_TypeError,
+                "_activation_name(): caller must be a str and stacklevel an int in [1, 100]");
+        return NULL;
+    }
+    ga_activation act;
+    if (parse_activation(ga_state_from_module(module), args[0], &act, caller, (int)stacklevel) < 0)
+        return NULL;
+    return PyUnicode_FromString(ga_activation_name(act));
 }
 
 int ga_op_flag(PyObject *obj, int default_value)
@@ -233,7 +291,7 @@ static int grad_outs(PyObject *obj, PyObject *outs[3], const char *op)
 
 /* ------------------------------------ the opening of the ops with weights */
 
-int ga_forward_parse(ga_forward *f, const char *name, PyObject *save_preactivation,
+int ga_forward_parse(ga_state *st, ga_forward *f, const char *name, PyObject *save_preactivation,
                      PyObject *activation)
 {
     memset(f, 0, sizeof *f);
@@ -241,7 +299,7 @@ int ga_forward_parse(ga_forward *f, const char *name, PyObject *save_preactivati
     f->save = ga_op_flag(save_preactivation, 0);
     if (f->save < 0)
         return -1;
-    return ga_op_activation(activation, &f->act, name);
+    return ga_op_activation(st, activation, &f->act, name);
 }
 
 int ga_forward_begin(ga_state *st, ga_forward *f, PyObject *x, PyObject *weight, PyObject *bias,
@@ -259,9 +317,9 @@ PyObject *ga_forward_result(const ga_forward *f)
 {
     if (!f->save)
         return Py_NewRef(f->y);
-    PyObject *aux = f->act == GA_ACT_GELU   ? (PyObject *)f->z
-                    : f->act == GA_ACT_RELU ? (PyObject *)f->y
-                                            : Py_None;
+    PyObject *aux = f->act == GA_ACT_NONE                     ? Py_None
+                    : ga_activation_grad_reads_output(f->act) ? (PyObject *)f->y
+                                                              : (PyObject *)f->z;
     return PyTuple_Pack(2, (PyObject *)f->y, aux);
 }
 
@@ -274,8 +332,9 @@ void ga_forward_end(ga_forward *f)
     Py_CLEAR(f->z);
 }
 
-int ga_backward_parse(ga_backward *b, const char *name, PyObject *out, PyObject *needs_input_grad,
-                      PyObject *needs_weight_grad, PyObject *needs_bias_grad, PyObject *activation)
+int ga_backward_parse(ga_state *st, ga_backward *b, const char *name, PyObject *out,
+                      PyObject *needs_input_grad, PyObject *needs_weight_grad,
+                      PyObject *needs_bias_grad, PyObject *activation)
 {
     memset(b, 0, sizeof *b);
     b->op.name = name;
@@ -286,7 +345,7 @@ int ga_backward_parse(ga_backward *b, const char *name, PyObject *out, PyObject 
     b->need_b = ga_op_flag(needs_bias_grad, 1);
     if (b->need_x < 0 || b->need_w < 0 || b->need_b < 0)
         return -1;
-    return ga_op_activation(activation, &b->act, name);
+    return ga_op_activation(st, activation, &b->act, name);
 }
 
 int ga_backward_begin(ga_state *st, ga_backward *b, PyObject *grad_y, PyObject *x, PyObject *weight,

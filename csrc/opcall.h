@@ -62,7 +62,7 @@ typedef struct {
 
 /* Reads save_preactivation (False when absent) and the activation.  On
  * failure nothing is held. */
-int ga_forward_parse(ga_forward *f, const char *name, PyObject *save_preactivation,
+int ga_forward_parse(ga_state *st, ga_forward *f, const char *name, PyObject *save_preactivation,
                      PyObject *activation);
 /* ga_op_begin with x (the lead), weight and bias (optional). */
 int ga_forward_begin(ga_state *st, ga_forward *f, PyObject *x, PyObject *weight, PyObject *bias,
@@ -87,8 +87,9 @@ typedef struct {
 /* Reads out= (a tuple of arrays, or of None to let gpuaccel allocate that
  * one), the needs_*_grad flags (True when absent) and the activation.  On
  * failure nothing is held. */
-int ga_backward_parse(ga_backward *b, const char *name, PyObject *out, PyObject *needs_input_grad,
-                      PyObject *needs_weight_grad, PyObject *needs_bias_grad, PyObject *activation);
+int ga_backward_parse(ga_state *st, ga_backward *b, const char *name, PyObject *out,
+                      PyObject *needs_input_grad, PyObject *needs_weight_grad,
+                      PyObject *needs_bias_grad, PyObject *activation);
 /* ga_op_begin with grad_y, x (the lead), weight and aux (NULL: none). */
 int ga_backward_begin(ga_state *st, ga_backward *b, PyObject *grad_y, PyObject *x, PyObject *weight,
                       PyObject *aux, PyObject *stream_obj);
@@ -110,8 +111,16 @@ PyObject *ga_op_profiled(const char *name, ga_op_entry entry, PyObject *module,
                          PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames);
 
 /* ---- arguments */
-/* None, 'relu' or 'gelu'. */
-int ga_op_activation(PyObject *obj, ga_activation *out, const char *op);
+/* An activation by name: None or "none", "relu", "gelu" (the exact erf
+ * GELU; the first "gelu" of a process warns that it once meant the tanh
+ * form), "gelu_erf" (the same, never warning), "gelu_tanh", "silu",
+ * "hardswish", "sigmoid"; a ValueError naming `op` otherwise. */
+int ga_op_activation(ga_state *st, PyObject *obj, ga_activation *out, const char *op);
+/* gpuaccel._C._activation_name(activation, caller, stacklevel): the
+ * activation's own name ("none" for None) as the ops parse it, warning at
+ * `stacklevel` (warnings.warn's) for "gelu" — the one parser and one
+ * warning for gpuaccel.torch too. */
+PyObject *ga_py_activation_name(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 /* A truth value, `default_value` when absent; -1 with an exception. */
 int ga_op_flag(PyObject *obj, int default_value);
 

@@ -30,10 +30,12 @@ typedef struct {
     PyObject *OutOfMemoryError;
     PyObject *CublasError;
     PyObject *CudnnError;
-    PyObject *FallbackError;   /* a fallback under set_fallback_policy("raise") */
-    PyObject *FallbackWarning; /* a fallback under "warn" (a UserWarning) */
-    PyObject *current_stream;  /* contextvars.ContextVar: the Stream made current by `with` */
-    PyObject *default_device;  /* a Device */
+    PyObject *FallbackError;      /* a fallback under set_fallback_policy("raise") */
+    PyObject *FallbackWarning;    /* a fallback under "warn" (a UserWarning) */
+    PyObject *GeluChangedWarning; /* "gelu" asked for: it is erf now (a FutureWarning) */
+    int gelu_warned;              /* GeluChangedWarning given once already */
+    PyObject *current_stream;     /* contextvars.ContextVar: the Stream made current by `with` */
+    PyObject *default_device;     /* a Device */
     /* ml_dtypes' bfloat16 NumPy dtype, or Py_None if unavailable; NULL before first use */
     PyObject *bfloat16_descr;
     /* torch, looked up by torch.c once the user has imported it: its Tensor

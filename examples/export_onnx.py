@@ -8,8 +8,8 @@ any other runtime).
     python examples/export_onnx.py --out model.onnx
 
 The fused layers are written with ONNX's standard operators (Conv, Gemm or
-MatMul + Add, Relu, Gelu with approximate="tanh"): no custom domain, so the
-file runs wherever ONNX does.  Needs onnx and onnxruntime (and onnxscript
+MatMul + Add, and the activation's: Relu, Gelu or its Erf form, Sigmoid,
+...): no custom domain, so the file runs wherever ONNX does.  Needs onnx and onnxruntime (and onnxscript
 for --dynamo): pip install onnx onnxscript onnxruntime.
 """
 

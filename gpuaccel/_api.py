@@ -24,6 +24,7 @@ from ._C import (  # noqa: E402
     Event,
     FallbackError,
     FallbackWarning,
+    GeluChangedWarning,
     OutOfMemoryError,
     Stream,
     asarray,
@@ -70,6 +71,16 @@ from ._C import (  # noqa: E402
     uint8,
     zeros,
 )
+from .images import (  # noqa: E402
+    JPEG_EXTENSIONS,
+    CenterCrop,
+    Compose,
+    ImageFolder,
+    RandomHorizontalFlip,
+    RandomResizedCrop,
+    Resize,
+    decode_image,
+)
 from .loader import ImageNormalize, PinnedLoader  # noqa: E402
 from .logger import LossLogger, NonFiniteError  # noqa: E402
 
@@ -78,8 +89,9 @@ __version__ = "0.1.0"
 DTYPES = (bool_, uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64)
 
 __all__ = [
-    "Array", "CublasError", "CudaError", "CudnnError", "DTYPES", "Device", "Event", "FallbackError",
-    "FallbackWarning", "MAX_NDIM",
+    "Array", "CenterCrop", "Compose", "CublasError", "CudaError", "CudnnError", "DTYPES", "Device", "Event",
+    "FallbackError", "FallbackWarning", "GeluChangedWarning", "ImageFolder", "JPEG_EXTENSIONS", "MAX_NDIM",
+    "RandomHorizontalFlip", "RandomResizedCrop", "Resize", "decode_image",
     "ImageNormalize", "LossLogger", "NonFiniteError", "OutOfMemoryError", "PinnedLoader", "Stream", "asarray",
     "bfloat16", "bool_", "build_info", "built_with_cuda",
     "conv2d", "conv2d_backward", "conv_stats", "cuda_available", "current_stream", "default_device", "device_count",

@@ -59,20 +59,17 @@ def _gelu_kind(approximate):
 
 
 def _activation_names():
-    """kind -> the activation name gpuaccel's fused layers take, for the
-    kinds this build has.  Builds whose activations include 'gelu_tanh'
-    spell the exact erf GELU 'gelu'; before it, 'gelu' is the tanh
-    approximation and the erf GELU has no fused form."""
-    accepted = set(gt._ACTIVATIONS)
-    names = {"relu": "relu"}
-    if "gelu_tanh" in accepted:
-        names.update(gelu="gelu", gelu_tanh="gelu_tanh")
-    else:
-        names["gelu_tanh"] = "gelu"
-    for kind in ("silu", "hardswish", "sigmoid"):
-        if kind in accepted:
-            names[kind] = kind
-    return names
+    """kind -> the activation's name in gpuaccel's fused layers (the same
+    word: the layers name their activations as torch's kinds above), for
+    the kinds this build fuses."""
+    return {name: name for name in gt._ACTIVATIONS.values() if name != "none"}
+
+
+# the name a fused layer's constructor takes for an activation, where it is
+# not the layer's own: "gelu" (the exact erf form) warns once that it meant
+# the tanh form in earlier versions, "gelu_erf" is the same activation
+# without the warning (fuse chose it from nn.GELU(), not from an old script)
+_CONSTRUCTOR_NAMES = {"gelu": "gelu_erf"}
 
 
 def _first_input(node):
@@ -417,13 +414,14 @@ class _Rewriter:
         nodes, batchnorm, activation, act_note = chain
         if batchnorm is None and activation == "none":
             return "followed by " + act_note if act_note else self.follower(node)
+        given = _CONSTRUCTOR_NAMES.get(activation, activation)
         try:
             if batchnorm is not None:
-                fused = FusedConv2dBN(layer, batchnorm, activation=activation)
+                fused = FusedConv2dBN(layer, batchnorm, activation=given)
             elif isinstance(layer, nn.Conv2d):
-                fused = _fused_conv(layer, activation)
+                fused = _fused_conv(layer, given)
             else:
-                fused = _fused_linear(layer, activation)
+                fused = _fused_linear(layer, given)
         except ValueError as error:  # a geometry the fused conv refuses (padding='same' with an even kernel)
             return str(error)
         entry = {"names": [self.prefix + n.target if n.op == "call_module" else n.name for n in nodes],

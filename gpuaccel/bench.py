@@ -192,23 +192,22 @@ def bench_linear(torch, device, full, shapes=None, compiled=False):
     F.linear + activation (torch eager, and torch.compile when asked)."""
     import gpuaccel.torch as gt
 
-    F = torch.nn.functional
     if device == "cpu":
         shapes = shapes or [(512, 256, 1024, "gelu")]
         dtype = torch.float32
     else:
-        shapes = shapes or ([(4096, 4096, 16384, "gelu"), (4096, 16384, 4096, "gelu"), (8192, 4096, 16384, "relu"),
-                             (8192, 16384, 4096, "relu")] if full else [(4096, 4096, 16384, "gelu")])
+        shapes = shapes or ([(4096, 4096, 16384, "gelu_tanh"), (4096, 4096, 16384, "gelu"),
+                             (4096, 16384, 4096, "gelu"), (8192, 4096, 16384, "relu"), (8192, 16384, 4096, "silu")]
+                            if full else [(4096, 4096, 16384, "gelu")])
         dtype = torch.bfloat16
     rows = []
     for tokens, fin, fout, act in shapes:
         x = torch.randn(tokens, fin, device=device, dtype=dtype, requires_grad=True)
         fused = gt.FusedLinear(fin, fout, activation=act, device=device, dtype=dtype)
         plain = torch.nn.Linear(fin, fout, device=device, dtype=dtype)
-        act_fn = (lambda z: F.gelu(z, approximate="tanh")) if act == "gelu" else F.relu
 
-        def eager(t):
-            return act_fn(plain(t))
+        def eager(t, act=act):  # the activation's own torch module, as the model had it
+            return gt._torch_activation(plain(t), act)
 
         flop = 6.0 * tokens * fin * fout  # forward + two backward GEMMs
         ms_g = time_ms(linear_step(torch, fused, x), torch, device)

@@ -36,6 +36,15 @@ def _driver_version():
     return None
 
 
+def _build_config_module():
+    try:
+        from gpuaccel import _build_config
+
+        return _build_config
+    except ImportError:
+        return None
+
+
 def collect():
     """The facts doctor reasons about (plain data: JSON-serialisable)."""
     import numpy
@@ -74,6 +83,10 @@ def collect():
         "torch_cudnn": None,
         "torch_sees_gpu": None,
         "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "jpeg": ga._C._LoaderIter.jpeg_version(),
+        "jpeg_build_note": getattr(_build_config_module(), "JPEG_BUILD_NOTE", ""),
+        "nvjpeg": ga._C._LoaderIter.nvjpeg_version() if hasattr(ga._C._LoaderIter, "nvjpeg_version") else None,
+        "nvjpeg_build_note": getattr(_build_config_module(), "NVJPEG_BUILD_NOTE", ""),
     }
     for index in range(ga.device_count()):
         p = ga.device_properties(index)
@@ -200,6 +213,11 @@ def diagnose(f):
     else:
         out.append((WARNING, "torch is not installed: gpuaccel.torch, the loader's torch output and the demo need it",
                     "pip install torch"))
+    if "jpeg" in f and not f.get("jpeg"):
+        # optional, like CUDA: only PinnedLoader over image folders needs it
+        out.append((OK, "gpuaccel was built without libjpeg-turbo (%s): PinnedLoader cannot decode image folders"
+                    % (f.get("jpeg_build_note") or "not found"),
+                    "apt-get install libjpeg62-turbo-dev (Ubuntu: libjpeg-turbo8-dev), then reinstall gpuaccel"))
     return out
 
 
@@ -222,6 +240,12 @@ def report(facts, findings):
         lines.append("  gpuaccel    %s, CPU-ONLY BUILD%s: no GPU code" % (
             facts["gpuaccel"], " (%s)" % facts["gpuaccel_build_note"] if facts.get("gpuaccel_build_note") else ""))
     lines.append("              from %s" % facts["gpuaccel_path"])
+    if "jpeg" in facts:
+        lines.append("  JPEG        CPU: %s; GPU: %s" % (
+            "libjpeg-turbo %s" % facts["jpeg"] if facts["jpeg"] else "none (%s)" % (facts.get("jpeg_build_note")
+                                                                                     or "not built"),
+            "nvJPEG %s" % facts["nvjpeg"] if facts.get("nvjpeg") else "none (%s)" % (
+                facts.get("nvjpeg_build_note") or "not built")))
     for gpu in facts["gpus"]:
         lines.append("  cuda:%d      %s, sm_%d%d, %.1f GiB, %d SMs" % (
             gpu["index"], gpu["name"], gpu["compute_capability"][0], gpu["compute_capability"][1],

@@ -1,7 +1,7 @@
 """gpuaccel for torch: fused linear and conv2d layers, and fuse(model).
 
     import gpuaccel.torch as gt
-    layer = gt.FusedLinear(1024, 4096, activation="gelu")   # nn.Linear + GELU(tanh)
+    layer = gt.FusedLinear(1024, 4096, activation="gelu")   # nn.Linear + nn.GELU()
     conv = gt.FusedConv2d(64, 128, 3, padding=1, activation="relu")
     model = gt.fuse(torchvision.models.resnet50().eval())   # every fusable pattern at once
 
@@ -57,8 +57,29 @@ from . import _C
 __all__ = ["CPU_TORCH_THRESHOLD", "FuseReport", "FusedConv2d", "FusedConv2dBN", "FusedLinear", "fuse", "fused_conv2d",
            "fused_linear"]
 
-_ACTIVATIONS = {None: "none", "none": "none", "relu": "relu", "gelu": "gelu"}
-_KERNEL_ACT = {"none": None, "relu": "relu", "gelu": "gelu"}  # as the C ops take it
+# The activations by the names the layers take, each to its own name.  "gelu"
+# (nn.GELU()'s exact erf form) is not here: its first use in a process goes
+# through the C parser, which warns once that it meant the tanh form in
+# earlier versions ("gelu_erf", the same activation, never warns).
+_ACTIVATIONS = {None: "none", "none": "none", "relu": "relu", "gelu_erf": "gelu", "gelu_tanh": "gelu_tanh",
+                "silu": "silu", "hardswish": "hardswish", "sigmoid": "sigmoid"}
+# as the C ops take them: the exact GELU by its name that does not warn
+_KERNEL_ACT = {"none": None, "relu": "relu", "gelu": "gelu_erf", "gelu_tanh": "gelu_tanh", "silu": "silu",
+               "hardswish": "hardswish", "sigmoid": "sigmoid"}
+# the activations whose derivative reads the pre-activation z, which the
+# forward then saves; relu's reads its output y (y > 0 exactly when z > 0)
+_SAVES_PREACTIVATION = frozenset(("gelu", "gelu_tanh", "silu", "hardswish", "sigmoid"))
+# torch's own form of each, for the CPU path above the threshold and the
+# ONNX decompositions (ONNX: Relu, Gelu or its Erf expansion, Gelu with
+# approximate="tanh" or its Tanh expansion, x * Sigmoid(x), HardSwish, Sigmoid)
+_TORCH_ACTIVATION = {
+    "relu": torch.relu,
+    "gelu": torch.nn.functional.gelu,
+    "gelu_tanh": lambda z: torch.nn.functional.gelu(z, approximate="tanh"),
+    "silu": torch.nn.functional.silu,
+    "hardswish": torch.nn.functional.hardswish,
+    "sigmoid": torch.sigmoid,
+}
 
 # Multiply-adds of one CPU call above which the eager path runs torch's own
 # kernels: where they overtake gpuaccel's reference kernels, fwd+bwd, as
@@ -78,10 +99,26 @@ _grad_enabled = torch.is_grad_enabled
 
 
 def _activation(name):
+    """The activation's own name ("none" for None); a ValueError for one
+    gpuaccel does not have.  Called by the public functions and
+    constructors only: its warning points at their caller."""
     try:
         return _ACTIVATIONS[name]
     except (KeyError, TypeError):
-        raise ValueError("activation must be None, 'relu' or 'gelu' (tanh approximation), got %r" % (name,)) from None
+        # "gelu" (warned about, once, by the same parser as the C ops) or an
+        # error; stacklevel 3: the caller of the function that called this
+        parsed = _C._activation_name(name, "gpuaccel.torch", 3)
+        if isinstance(name, str):  # "gelu", warned about: from now on a lookup like the others
+            _ACTIVATIONS[name] = parsed
+        return parsed
+
+
+def _saved_aux(activation, y, z):
+    """What the backward reads: z for an activation whose derivative needs
+    the pre-activation, y for relu, nothing without an activation."""
+    if activation in _SAVES_PREACTIVATION:
+        return z
+    return y if activation == "relu" else None
 
 
 def _autocast(x, weight, bias):
@@ -95,23 +132,8 @@ def _autocast(x, weight, bias):
 
 
 def _torch_activation(y, activation):
-    if activation == "relu":
-        return torch.relu(y)
-    if activation == "gelu":
-        return torch.nn.functional.gelu(y, approximate="tanh")
-    return y
-
-
-# What the backward of each activation reads: the pre-activation, or the
-# output (relu: y > 0 where z > 0).
-_READS_PREACTIVATION = frozenset({"gelu"})
-
-
-def _saved_aux(activation, y, z):
-    """The tensor the backward needs besides x and the weight."""
-    if activation in _READS_PREACTIVATION:
-        return z
-    return None if activation == "none" else y
+    fn = _TORCH_ACTIVATION.get(activation)
+    return y if fn is None else fn(y)
 
 
 def _torch_activation_grad(grad_y, aux, activation):
@@ -121,7 +143,16 @@ def _torch_activation_grad(grad_y, aux, activation):
     if activation == "relu":
         return torch.ops.aten.threshold_backward(grad_y, aux, 0)
     if activation == "gelu":
+        return torch.ops.aten.gelu_backward(grad_y, aux)
+    if activation == "gelu_tanh":
         return torch.ops.aten.gelu_backward(grad_y, aux, approximate="tanh")
+    if activation == "silu":  # written out: aten.silu_backward has no derivative of its own
+        s = torch.sigmoid(aux)
+        return grad_y * s * (1 + aux * (1 - s))
+    if activation == "hardswish":
+        return torch.ops.aten.hardswish_backward(grad_y, aux)
+    if activation == "sigmoid":
+        return torch.ops.aten.sigmoid_backward(grad_y, torch.sigmoid(aux))
     return grad_y
 
 
@@ -135,10 +166,11 @@ def _empty(like):
 # kernels run on torch's current stream.
 
 def _linear_forward(x, weight, bias, activation, keep_preactivation):
-    """(y, preactivation) — the pre-activation only for gelu when asked
-    (relu's derivative reads y; no activation reads nothing)."""
+    """(y, preactivation) — the pre-activation only when asked and the
+    activation's derivative reads it (relu's reads y; no activation reads
+    nothing)."""
     y = x.new_empty((*x.shape[:-1], weight.shape[0]))
-    if keep_preactivation and activation in _READS_PREACTIVATION:
+    if keep_preactivation and activation in _SAVES_PREACTIVATION:
         z = torch.empty_like(y)
         _C.linear(x, weight, bias, _KERNEL_ACT[activation], out=y, save_preactivation=True, preactivation_out=z,
                   stream="torch")
@@ -167,7 +199,7 @@ def _linear_backward_torch(grad_y, x, weight, bias, aux, activation, need_x, nee
     the tensors may be functorch's wrappers.  The pre-activation is computed
     again from x, weight and bias, so that its own dependence on them is in
     the graph (a saved copy would cut it)."""
-    if activation in _READS_PREACTIVATION and _grad_enabled():
+    if activation in _SAVES_PREACTIVATION and _grad_enabled():
         aux = torch.nn.functional.linear(x, weight, bias)
     grad_z = _torch_activation_grad(grad_y, aux, activation)
     gx = grad_z.matmul(weight) if need_x else None
@@ -185,7 +217,7 @@ class _LinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, activation):
         y = x.new_empty(*x.shape[:-1], weight.shape[0])  # sizes as arguments: torch parses them faster than a tuple
-        if activation in _READS_PREACTIVATION:
+        if activation in _SAVES_PREACTIVATION:
             aux = torch.empty_like(y)
             _C.linear(x, weight, bias, _KERNEL_ACT[activation], out=y, save_preactivation=True, preactivation_out=aux,
                       stream="torch")
@@ -260,7 +292,7 @@ class _LinearTransformsFunction(torch.autograd.Function):
             y, z = _LinearTransformsFunction.apply(x.movedim(x_dim, 0), weight, bias, activation)
             return (y, z), (0, None if z is None else 0)
         # a batch of layers (an ensemble): torch's batched ops
-        keep_z = activation in _READS_PREACTIVATION
+        keep_z = activation in _SAVES_PREACTIVATION
 
         def one(x, weight, bias):
             z = torch.nn.functional.linear(x, weight, bias)
@@ -287,7 +319,7 @@ def _linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], activation: str) 
 @_linear.register_fake
 def _(x, weight, bias, activation):
     y = x.new_empty(x.shape[:-1] + (weight.shape[0],))
-    return y, (x.new_empty(y.shape) if activation in _READS_PREACTIVATION else x.new_empty((0,)))
+    return y, (x.new_empty(y.shape) if activation in _SAVES_PREACTIVATION else x.new_empty((0,)))
 
 
 @torch.library.custom_op("gpuaccel::linear_backward", mutates_args=())
@@ -354,14 +386,16 @@ def _linear_dispatch(x, weight, bias, activation):
 
 def fused_linear(x, weight, bias=None, activation=None):
     """act(x @ weight.T + bias) in one fused kernel (forward and backward);
-    x of shape (..., in_features), also 1-D."""
+    x of shape (..., in_features), also 1-D.  activation: None, 'relu',
+    'gelu' (exact, as nn.GELU()), 'gelu_tanh' (nn.GELU(approximate='tanh')),
+    'silu', 'hardswish' or 'sigmoid'."""
     return _linear_dispatch(x, weight, bias, _activation(activation))
 
 
 class FusedLinear(torch.nn.Module):
-    """nn.Linear followed by an activation (None, 'relu' or 'gelu' with the
-    tanh approximation), fused: same arguments, initialisation and
-    state_dict keys (weight, bias) as nn.Linear."""
+    """nn.Linear followed by an activation (fused_linear's), fused: same
+    arguments, initialisation and state_dict keys (weight, bias) as
+    nn.Linear."""
 
     def __init__(self, in_features, out_features, bias=True, activation=None, device=None, dtype=None):
         super().__init__()
@@ -416,7 +450,7 @@ def _conv_forward(x, weight, bias, stride, padding, dilation, groups, activation
     if shape is None:
         shape = _conv_out_shape(x, weight, stride, padding, dilation)
     y = x.new_empty(*shape) if x.is_contiguous() else _conv_empty(x, shape)
-    if keep_preactivation and activation in _READS_PREACTIVATION:
+    if keep_preactivation and activation in _SAVES_PREACTIVATION:
         z = _conv_empty(x, shape)
         _C.conv2d(x, weight, bias, stride=stride, padding=padding, dilation=dilation, groups=groups,
                   activation=_KERNEL_ACT[activation], out=y, save_preactivation=True, preactivation_out=z,
@@ -441,7 +475,7 @@ def _conv_backward_into(grad_y, x, weight, aux, stride, padding, dilation, group
 def _conv_backward_torch(grad_y, x, weight, bias, aux, stride, padding, dilation, groups, activation, need_x,
                          need_w, need_b):
     """_linear_backward_torch's twin: torch's differentiable ops."""
-    if activation in _READS_PREACTIVATION and _grad_enabled():
+    if activation in _SAVES_PREACTIVATION and _grad_enabled():
         aux = torch.nn.functional.conv2d(x, weight, bias, stride, padding, dilation, groups)
     grad_z = _torch_activation_grad(grad_y, aux, activation)
     gx, gw, gb = torch.ops.aten.convolution_backward(
@@ -532,7 +566,7 @@ class _Conv2dTransformsFunction(torch.autograd.Function):
             y, z = _Conv2dTransformsFunction.apply(x.flatten(0, 1), weight, bias, *geometry)
             y = y.unflatten(0, (batch, n))
             return (y, None if z is None else z.unflatten(0, (batch, n))), (0, None if z is None else 0)
-        keep_z = activation in _READS_PREACTIVATION  # a batch of layers: torch's batched ops
+        keep_z = activation in _SAVES_PREACTIVATION  # a batch of layers: torch's batched ops
 
         def one(x, weight, bias):
             z = torch.nn.functional.conv2d(x, weight, bias, stride, padding, dilation, groups)
@@ -552,7 +586,7 @@ def _conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: List[int]
 @_conv2d.register_fake
 def _(x, weight, bias, stride, padding, dilation, groups, activation):
     shape = _conv_out_shape(x, weight, stride, padding, dilation)
-    return _conv_empty(x, shape), (_conv_empty(x, shape) if activation in _READS_PREACTIVATION else x.new_empty((0,)))
+    return _conv_empty(x, shape), (_conv_empty(x, shape) if activation in _SAVES_PREACTIVATION else x.new_empty((0,)))
 
 
 @torch.library.custom_op("gpuaccel::conv2d_backward", mutates_args=())
@@ -605,12 +639,12 @@ _conv2d.register_autograd(_conv_grad, setup_context=_conv_setup)
 
 def _linear_decomposition(x, weight, bias, activation):
     z = torch.nn.functional.linear(x, weight, bias)
-    return _torch_activation(z, activation), (z if activation in _READS_PREACTIVATION else x.new_empty((0,)))
+    return _torch_activation(z, activation), (z if activation in _SAVES_PREACTIVATION else x.new_empty((0,)))
 
 
 def _conv2d_decomposition(x, weight, bias, stride, padding, dilation, groups, activation):
     z = torch.nn.functional.conv2d(x, weight, bias, stride, padding, dilation, groups)
-    return _torch_activation(z, activation), (z if activation in _READS_PREACTIVATION else x.new_empty((0,)))
+    return _torch_activation(z, activation), (z if activation in _SAVES_PREACTIVATION else x.new_empty((0,)))
 
 
 def _register_decompositions():
@@ -671,14 +705,15 @@ def _conv2d_checked(x, weight, bias, stride, padding, dilation, groups, activati
 def fused_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, activation=None):
     """act(conv2d(x, weight) + bias) in one fused call (forward and
     backward); x of shape (N, C, H, W) in NCHW or channels-last memory (the
-    result follows it), or unbatched (C, H, W)."""
+    result follows it), or unbatched (C, H, W).  activation: as
+    fused_linear's."""
     return _conv2d_checked(x, weight, bias, _pair(stride, "stride"), _pair(padding, "padding"),
                            _pair(dilation, "dilation"), int(groups), _activation(activation))
 
 
 class FusedConv2d(torch.nn.Conv2d):
-    """nn.Conv2d followed by an activation (None, 'relu' or 'gelu' with the
-    tanh approximation), fused.  The constructor, initialisation and
+    """nn.Conv2d followed by an activation (fused_linear's), fused.  The
+    constructor, initialisation and
     state_dict keys are nn.Conv2d's (padding_mode 'zeros'; padding may be an
     int, a pair, 'valid', or 'same' for odd effective kernels)."""
 

@@ -20,8 +20,9 @@
  *            simulator stands in for it;
  *   KERNEL   launches gpuaccel's own kernels: the simulator checks the
  *            call, then runs kernels/cuda's code on the CPU (kernels/cudacpu);
- *   LIBRARY  cuBLASLt / cuDNN: the simulator checks the call, then runs
- *            the CUDA backend's own kernels behind them (kernels/cuda/fallback.h).
+ *   LIBRARY  a CUDA library (cuBLASLt, cuDNN, nvJPEG): the simulator checks
+ *            the call and stands in for the library (the CUDA backend's own
+ *            kernels behind them, kernels/cuda/fallback.h; libjpeg for nvJPEG).
  *
  * Adding an entry point: see the checklist at the top of kernels.h.
  */
@@ -105,6 +106,9 @@
     X(KERNEL, ga_status, normalize_images,                                                         \
       (int device, const ga_normalize_desc *desc, ga_stream stream),                               \
       return GA_NO_CUDA)                                                                           \
+    X(KERNEL, ga_status, resize_images,                                                            \
+      (int device, const ga_resize_job *jobs, int n, ga_stream stream),                            \
+      return GA_NO_CUDA)                                                                           \
     X(KERNEL, ga_status, logger_update,                                                            \
       (int device, const ga_logger_update *u, ga_stream stream),                                   \
       return GA_NO_CUDA)                                                                           \
@@ -136,7 +140,22 @@
     X(LIBRARY, void, plan_cache_stats,                                                             \
       (uint64_t *matmul_hits, uint64_t *matmul_misses, uint64_t *conv_hits,                        \
        uint64_t *conv_misses),                                                                     \
-      *matmul_hits = *matmul_misses = *conv_hits = *conv_misses = 0)
+      *matmul_hits = *matmul_misses = *conv_hits = *conv_misses = 0)                               \
+    X(LIBRARY, int, nvjpeg_available, (void), return 0)                                            \
+    X(LIBRARY, const char *, nvjpeg_version, (void), return "")                                    \
+    X(LIBRARY, ga_status, jpeg_decoder_create,                                                     \
+      (int device, ga_jpeg_decoder **out, int *hardware),                                          \
+      *out = NULL; *hardware = 0; return GA_NO_CUDA)                                               \
+    X(LIBRARY, void, jpeg_decoder_destroy, (ga_jpeg_decoder *decoder), )                           \
+    X(LIBRARY, ga_status, jpeg_image_size,                                                         \
+      (ga_jpeg_decoder *decoder, const uint8_t *data, size_t size, int64_t *width,                 \
+       int64_t *height),                                                                           \
+      *width = *height = 0; return GA_NO_CUDA)                                                     \
+    X(LIBRARY, ga_status, decode_jpegs,                                                            \
+      (ga_jpeg_decoder *decoder, int n, const uint8_t *const *data, const size_t *sizes,           \
+       uint8_t *const *dst, const int64_t *widths, const int64_t *heights, int *bad,               \
+       ga_stream stream),                                                                          \
+      return GA_NO_CUDA)
 /* clang-format on */
 
 #define GA_CUDA_ENTRY_POINTS(X)     \

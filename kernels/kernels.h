@@ -38,9 +38,13 @@
  *      kernels on the CPU (tests/test_kernels_on_cpu.py); tests/README.md
  *      maps sources to tests;
  *  10. benchmarks/: side by side with torch.
- * An activation is added in activation.h (formula and derivative, one
- * source for both backends), ga_activation below, the libraries' epilogue
- * maps (cuda/matmul.cu, cuda/conv.cu) and tests/ops.py's activation list.
+ * An activation is added in ga_activation and ga_activation_name below,
+ * activation.h (formula and derivative, one source for both backends),
+ * csrc/opcall.c's names, the libraries' maps (cuda/matmul.cu's
+ * fused_epilogue and split_epilogue, cuda/cudnn_graph.cu's
+ * activation_mode), gpuaccel/torch.py's tables (its torch function, whether
+ * the backward reads the pre-activation) and the tests' activation list
+ * (tests/helpers.py's ACTIVATIONS with its references).
  */
 #ifndef GPUACCEL_KERNELS_H
 #define GPUACCEL_KERNELS_H
@@ -291,7 +295,43 @@ ga_status ga_cuda_fill(int device, const ga_tensor *dst, ga_scalar value, ga_str
 
 /* ======================================================== matmul / linear */
 
-typedef enum { GA_ACT_NONE = 0, GA_ACT_RELU = 1, GA_ACT_GELU = 2 } ga_activation;
+/* The activations a fused op applies (kernels/activation.h has their
+ * formulas).  GA_ACT_GELU is the exact (erf) GELU of nn.GELU();
+ * GA_ACT_GELU_TANH its tanh approximation, the only GELU cuBLASLt's
+ * epilogues know. */
+typedef enum {
+    GA_ACT_NONE = 0,
+    GA_ACT_RELU,
+    GA_ACT_GELU,
+    GA_ACT_GELU_TANH,
+    GA_ACT_SILU,
+    GA_ACT_HARDSWISH,
+    GA_ACT_SIGMOID,
+    GA_ACT_COUNT
+} ga_activation;
+
+/* The name the Python API takes for an activation ("none" for
+ * GA_ACT_NONE, "?" for a value out of range). */
+static inline const char *ga_activation_name(ga_activation act)
+{
+    static const char *const names[GA_ACT_COUNT] = {"none", "relu",      "gelu",   "gelu_tanh",
+                                                    "silu", "hardswish", "sigmoid"};
+    return act >= GA_ACT_NONE && act < GA_ACT_COUNT ? names[act] : "?";
+}
+
+GA_HD int ga_activation_is_valid(ga_activation act)
+{
+    return act >= GA_ACT_NONE && act < GA_ACT_COUNT;
+}
+
+/* Whether the derivative can be taken from the activation's output y
+ * (relu: y > 0 exactly when z > 0), so that a layer keeps y instead of
+ * saving the pre-activation z as well; every other activation's
+ * derivative reads z. */
+GA_HD int ga_activation_grad_reads_output(ga_activation act)
+{
+    return act == GA_ACT_RELU;
+}
 
 /* A batch of matrices: element (b, i, j) lives at
  *   data + (b * batch_stride + i * row_stride + j * col_stride) * itemsize
@@ -329,7 +369,7 @@ typedef struct {
     ga_activation activation;
     ga_matrix preact;          /* written when .data is set; D's dtype */
     ga_activation dact;        /* GA_ACT_NONE: no backward epilogue */
-    ga_matrix dact_aux;        /* M x N: z (gelu, relu) or y = relu(z) (relu) */
+    ga_matrix dact_aux;        /* M x N: z, or y = relu(z) for relu */
     void *col_sums;            /* N values, or NULL */
     ga_dtype col_sums_dtype;   /* float32 or D's dtype */
     void *a_row_sums;          /* M values, or NULL */
@@ -475,9 +515,9 @@ void ga_cuda_plan_cache_stats(uint64_t *matmul_hits, uint64_t *matmul_misses, ui
 #define GA_NORMALIZE_MAX_CHANNELS 64
 
 /* The loader's image transform: src is n images of h x w x c uint8 (dense,
- * channels last); out = fma(x, scale[ch], shift[ch]) — in float (in double
- * for a float64 output) — converted to `dtype`, written dense as
- * n x c x h x w (nchw) or n x h x w x c.
+ * channels last; c x h x w when src_chw); out = fma(x, scale[ch],
+ * shift[ch]) — in float (in double for a float64 output) — converted to
+ * `dtype`, written dense as n x c x h x w (nchw) or n x h x w x c.
  * (scale = factor/std, shift = -mean/std: (x*factor - mean)/std.) */
 typedef struct {
     const uint8_t *src;
@@ -485,6 +525,7 @@ typedef struct {
     ga_dtype dtype;
     int64_t n, h, w, c;
     int nchw;
+    int src_chw; /* the source is channels first (torchvision's tensors) */
     /* CPU: run on the calling thread only (its caller, the loader, already
      * splits the work between threads); otherwise the CPU worker pool */
     int in_caller;
@@ -510,6 +551,133 @@ GA_HD double ga_normalize_value(const ga_normalize_desc *d, uint8_t x, int64_t c
 
 ga_status ga_cpu_normalize_images(const ga_normalize_desc *desc);
 ga_status ga_cuda_normalize_images(int device, const ga_normalize_desc *desc, ga_stream stream);
+
+/* ================================================================ images */
+
+/* One axis of a resize: output pixel k has its center at input coordinate
+ * origin + (k + 0.5) * scale (input pixel i spans [i, i + 1)); only input
+ * pixels [lo, hi) exist for it (the crop).  kernels/image.h has the filter. */
+typedef struct {
+    double origin, scale;
+    int64_t lo, hi;
+} ga_resize_axis;
+
+/* What a sample's image becomes: an out_h x out_w x 3 uint8 image whose
+ * rows [y0, y0 + ny) and columns [x0, x0 + nx) are the resize (ry, rx) of
+ * the source, mirrored left to right when `flip`, and zero elsewhere
+ * (a center crop larger than the image pads, as torchvision's does). */
+typedef struct {
+    int64_t out_h, out_w;
+    int64_t y0, x0, ny, nx;
+    ga_resize_axis ry, rx;
+    int flip;
+    /* in source pixels, for the caller: the crop (RandomResizedCrop's top,
+     * left, height, width) or, after a Resize, the resized size in h, w */
+    int64_t crop_top, crop_left, crop_h, crop_w;
+} ga_image_geometry;
+
+/* A training or evaluation pipeline, drawn per sample from (seed, epoch,
+ * sample index): torchvision's RandomResizedCrop, or Resize then
+ * CenterCrop, then RandomHorizontalFlip. */
+typedef struct {
+    int64_t out_h, out_w;
+    int random_crop; /* RandomResizedCrop(out, scale, ratio) */
+    double scale_lo, scale_hi, log_ratio_lo, log_ratio_hi;
+    /* otherwise: resize_short > 0 makes the shorter side that long (the
+     * longer int(resize_short * long / short)), resize_h/resize_w > 0 that
+     * size, neither keeps the size; then out_h x out_w from the center */
+    int64_t resize_short, resize_h, resize_w;
+    double flip_p;
+    uint64_t seed;
+    int64_t epoch;
+    /* the CPU decoder may decode at 1/2, 1/4 or 1/8 scale (libjpeg's DCT
+     * scaling) when the crop stays at least the output size */
+    int dct_scaling;
+} ga_image_transform;
+
+/* The geometry of sample `index` (its drawing depends on nothing else)
+ * for a source image of width x height. */
+void ga_image_plan(const ga_image_transform *t, int64_t index, int64_t width, int64_t height,
+                   ga_image_geometry *g);
+
+typedef enum { GA_IMAGE_UNKNOWN = 0, GA_IMAGE_JPEG, GA_IMAGE_PNG } ga_image_format;
+
+/* What a file's first bytes say it is. */
+ga_image_format ga_image_format_of(const uint8_t *data, size_t size);
+
+/* A decoder's buffers, grown as images need and kept between images (one
+ * per worker thread). */
+typedef struct ga_image_workspace ga_image_workspace;
+ga_image_workspace *ga_cpu_image_workspace_new(void);
+void ga_cpu_image_workspace_free(ga_image_workspace *ws);
+
+/* 1 when this build decodes JPEG on the CPU (libjpeg-turbo was found). */
+int ga_cpu_jpeg_available(void);
+/* libjpeg-turbo's version as "2.1.5" (empty without it). */
+const char *ga_cpu_jpeg_version(void);
+
+/* Width and height of an encoded JPEG image, from its header. */
+ga_status ga_cpu_image_size(const uint8_t *data, size_t size, int64_t *width, int64_t *height,
+                            ga_image_workspace *ws);
+
+/* Decodes the image in data[0, size) into dst (t->out_h x t->out_w x 3
+ * uint8, dense) as sample `index` of the transform: only the crop's rows
+ * and columns, at libjpeg's smallest DCT scale still at least the output
+ * size where t allows it, one antialiased resize, the flip.  Grayscale
+ * becomes three equal channels; CMYK and YCCK become RGB.  A damaged file
+ * is an error (GA_ERR_INVALID_VALUE, with libjpeg's message), never a
+ * partly gray image; a file of another format is GA_ERR_NOT_SUPPORTED.
+ * `geometry` (may be NULL) receives the sample's geometry. */
+ga_status ga_cpu_decode_image(const uint8_t *data, size_t size, const ga_image_transform *t,
+                              int64_t index, uint8_t *dst, ga_image_workspace *ws,
+                              ga_image_geometry *geometry);
+
+/* The resize of a decoded image on the CPU (the twin of the GPU's): src
+ * is the whole src_h x src_w x 3 uint8 image, rows src_pitch bytes apart,
+ * dst as ga_cpu_decode_image's. */
+ga_status ga_cpu_resize_image(const uint8_t *src, int64_t src_h, int64_t src_w, int64_t src_pitch,
+                              const ga_image_geometry *g, uint8_t *dst, ga_image_workspace *ws);
+
+/* ------------------------------------------------------ images on the GPU */
+
+/* One image resized on the device: src is src_h x src_w x 3 uint8 (rows
+ * src_pitch bytes apart), the whole decoded image (the geometry's
+ * coordinates are its pixels); dst is g.out_h x g.out_w x 3, dense. */
+typedef struct {
+    const uint8_t *src;
+    int64_t src_h, src_w, src_pitch;
+    uint8_t *dst;
+    ga_image_geometry g;
+} ga_resize_job;
+
+/* Queues the resizes of n images on `stream` (the CPU twin: ga_cpu_resize_image,
+ * which rounds to uint8 between its two passes: the two agree within a
+ * unit or two). */
+ga_status ga_cuda_resize_images(int device, const ga_resize_job *jobs, int n, ga_stream stream);
+
+/* nvJPEG: JPEG decoding on the device, with the A100/H100 hardware
+ * decoder where there is one.  A decoder is used by one thread at a time. */
+typedef struct ga_jpeg_decoder ga_jpeg_decoder;
+
+/* 1 when this build decodes JPEG on the GPU (nvJPEG was found). */
+int ga_cuda_nvjpeg_available(void);
+/* nvJPEG's version "13.3.2" (empty without it). */
+const char *ga_cuda_nvjpeg_version(void);
+/* *hardware: 1 when the hardware decoder backs it. */
+ga_status ga_cuda_jpeg_decoder_create(int device, ga_jpeg_decoder **out, int *hardware);
+void ga_cuda_jpeg_decoder_destroy(ga_jpeg_decoder *decoder);
+/* Width and height from a JPEG's header (nvJPEG's parser). */
+ga_status ga_cuda_jpeg_image_size(ga_jpeg_decoder *decoder, const uint8_t *data, size_t size,
+                                  int64_t *width, int64_t *height);
+/* Decodes n JPEGs (data[i]: sizes[i] bytes of host memory that stays
+ * untouched until the stream has passed this work) into dst[i]: widths[i]
+ * x heights[i] interleaved RGB on the device, pitch widths[i] * 3, queued
+ * on `stream`.  An image nvJPEG cannot decode sets bad[i] = 1 (its dst
+ * left unwritten) and the others still decode; the status reports only
+ * failures of the device or the library. */
+ga_status ga_cuda_decode_jpegs(ga_jpeg_decoder *decoder, int n, const uint8_t *const *data,
+                               const size_t *sizes, uint8_t *const *dst, const int64_t *widths,
+                               const int64_t *heights, int *bad, ga_stream stream);
 
 /* ================================================================ logger */
 

@@ -107,35 +107,80 @@ def assert_close(actual, expected, dtype, scale=1.0):
     assert_within(actual, expected, scale * atol, scale * rtol)
 
 
+# Every activation gpuaccel fuses, by the names the ops take ("gelu" is
+# nn.GELU()'s exact erf form, "gelu_tanh" its tanh approximation).
+ACTIVATIONS = ["relu", "gelu", "gelu_tanh", "silu", "hardswish", "sigmoid"]
+
+
+def _erf(z):
+    from math import erf
+
+    return np.vectorize(erf, otypes=[np.float64])(z)
+
+
 def activation_ref(z, activation):
-    """gpuaccel's activation (None, "relu", or "gelu" in its tanh
-    approximation) of a float64 NumPy array."""
+    """gpuaccel's activation of a float64 NumPy array, from the textbook
+    formulas (independent of torch, which torch_activation uses)."""
+    z = np.asarray(z, dtype=np.float64)
     if activation == "relu":
         return np.maximum(z, 0)
     if activation == "gelu":
+        return 0.5 * z * (1 + _erf(z / np.sqrt(2)))
+    if activation == "gelu_tanh":
         return 0.5 * z * (1 + np.tanh(np.sqrt(2 / np.pi) * (z + 0.044715 * z**3)))
+    if activation == "silu":
+        return z / (1 + np.exp(-z))
+    if activation == "hardswish":
+        return z * np.clip(z + 3, 0, 6) / 6
+    if activation == "sigmoid":
+        return 1 / (1 + np.exp(-z))
+    assert activation in (None, "none"), activation
     return z
 
 
 def activation_grad_ref(z, activation):
-    """The derivative of activation_ref at z (float64 NumPy arrays)."""
+    """The derivative of activation_ref at z (float64 NumPy arrays), with
+    torch's values at the breakpoints: relu'(0) = 0, hardswish' = 0 at -3
+    and 1 at 3."""
+    z = np.asarray(z, dtype=np.float64)
     if activation == "relu":
         return (z > 0).astype(np.float64)
     if activation == "gelu":
+        return 0.5 * (1 + _erf(z / np.sqrt(2))) + z * np.exp(-0.5 * z * z) / np.sqrt(2 * np.pi)
+    if activation == "gelu_tanh":
         t = np.tanh(np.sqrt(2 / np.pi) * (z + 0.044715 * z**3))
         return 0.5 * (1 + t) + 0.5 * z * (1 - t * t) * np.sqrt(2 / np.pi) * (1 + 3 * 0.044715 * z * z)
+    if activation == "silu":
+        s = 1 / (1 + np.exp(-z))
+        return s * (1 + z * (1 - s))
+    if activation == "hardswish":
+        return np.where(z <= -3, 0.0, np.where(z < 3, z / 3 + 0.5, 1.0))
+    if activation == "sigmoid":
+        s = 1 / (1 + np.exp(-z))
+        return s * (1 - s)
+    assert activation in (None, "none"), activation
     return np.ones_like(z)
 
 
 def torch_activation(z, activation):
-    """activation_ref of a torch tensor, differentiable by autograd."""
+    """torch's own function for the activation of a tensor (the module a
+    model would use), differentiable by autograd."""
+    import torch
+    import torch.nn.functional as F
+
+    fns = {"relu": torch.relu, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"),
+           "silu": F.silu, "hardswish": F.hardswish, "sigmoid": torch.sigmoid}
+    if activation in (None, "none"):
+        return z
+    return fns[activation](z)
+
+
+def torch_activation_module(activation):
+    """The nn.Module a model uses for the activation."""
     import torch
 
-    if activation == "relu":
-        return torch.relu(z)
-    if activation == "gelu":
-        return torch.nn.functional.gelu(z, approximate="tanh")
-    return z
+    return {"relu": torch.nn.ReLU, "gelu": torch.nn.GELU, "gelu_tanh": lambda: torch.nn.GELU(approximate="tanh"),
+            "silu": torch.nn.SiLU, "hardswish": torch.nn.Hardswish, "sigmoid": torch.nn.Sigmoid}[activation]()
 
 
 def torch_dtype(name):

@@ -17,7 +17,7 @@ import pytest
 
 import gpuaccel as ga
 
-from helpers import assert_within
+from helpers import assert_within, torch_activation
 
 torch = pytest.importorskip("torch")
 
@@ -56,7 +56,7 @@ def test_batched_matmul_past_the_row_blocks(rng):
     assert_within(ga.matmul(a, b).numpy(), ref, ATOL["float32"], RTOL["float32"], reduction=KC + 2)
 
 
-@pytest.mark.parametrize("activation", [None, "gelu"])
+@pytest.mark.parametrize("activation", [None, "gelu", "silu"])
 def test_linear_forward_and_backward_past_the_blocks(rng, activation):
     m, k, n = 2 * MC + 5, KC + 9, ROW_SUM_BLOCK + 3   # the bias gradient sums m > 256 rows
     x, w, bias = values(rng, (m, k), "float64"), values(rng, (n, k), "float64"), values(rng, (n,), "float64")
@@ -65,8 +65,7 @@ def test_linear_forward_and_backward_past_the_blocks(rng, activation):
     gx, gw, gb = ga.linear_backward(gy, x, w, activation=activation, preactivation=z)
     xt, wt, bt = (torch.tensor(v, requires_grad=True) for v in (x, w, bias))
     yt = torch.nn.functional.linear(xt, wt, bt)
-    if activation == "gelu":
-        yt = torch.nn.functional.gelu(yt, approximate="tanh")
+    yt = torch_activation(yt, activation)
     yt.backward(torch.tensor(gy))
     for got, want, reduction in ((y, yt, k), (gx, xt.grad, n), (gw, wt.grad, m), (gb, bt.grad, m)):
         assert_within(np.asarray(got.numpy()), want.detach().numpy(), ATOL["float64"], RTOL["float64"], reduction)

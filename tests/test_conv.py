@@ -11,7 +11,7 @@ import pytest
 
 import gpuaccel as ga
 
-from helpers import FLOAT_DTYPES, assert_sum_close, sum_tolerance, torch_activation
+from helpers import ACTIVATIONS, FLOAT_DTYPES, assert_sum_close, sum_tolerance, torch_activation
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -46,7 +46,7 @@ def as_float64(a):
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("geometry", GEOMETRIES)
-@pytest.mark.parametrize("activation", [None, "relu", "gelu"])
+@pytest.mark.parametrize("activation", [None] + ACTIVATIONS)
 def test_forward_and_gradients_match_torch(rng, dtype, geometry, activation):
     n, c, h, w, k, r, s, stride, padding, dilation, groups = geometry
     x, xr = rounded(rng, (n, c, h, w), dtype)
@@ -62,20 +62,22 @@ def test_forward_and_gradients_match_torch(rng, dtype, geometry, activation):
     reduction = (c // groups) * r * s
     check(as_float64(y), yr.detach().numpy(), dtype, reduction)
     gy, gyr = rounded(rng, tuple(yr.shape), dtype)
-    if activation == "gelu":
-        # differentiate through the saved, rounded pre-activation, as the kernels do; they store
-        # the activation's gradient in the input dtype before the reductions: so does the reference
+    saves_z = activation not in (None, "relu")  # the derivative reads the saved pre-activation
+    if saves_z:
+        # differentiate (torch's autograd) through the saved, rounded pre-activation, as the kernels
+        # do; they store the activation's gradient in the input dtype before the reductions: so does
+        # the reference
         zs = torch.from_numpy(as_float64(aux))
-        dz = gyr * torch.autograd.functional.vjp(lambda t: torch_activation(t, "gelu"), zs, torch.ones_like(zs))[1]
+        dz = gyr * torch.autograd.functional.vjp(lambda t: torch_activation(t, activation), zs,
+                                                 torch.ones_like(zs))[1]
         dz = dz.to(getattr(torch, dtype)).double()
         gx_ref, gw_ref, gb_ref = torch.autograd.grad(z, (xr, wr, br), dz)
     else:
         gx_ref, gw_ref, gb_ref = torch.autograd.grad(yr, (xr, wr, br), gyr)
     gx, gw, gb = ga.conv2d_backward(gy, x, wt, activation=activation,
-                                    preactivation=aux if activation == "gelu" else None,
+                                    preactivation=aux if saves_z else None,
                                     y=y if activation == "relu" else None, **geo)
-    flips = activation == "gelu"  # dz rounded: see check()
-    dz_max = float(dz.abs().max()) if flips else 0.0
+    dz_max = float(dz.abs().max()) if saves_z else 0.0  # dz rounded: see check()
     w_max, x_max = float(wr.detach().abs().max()), float(xr.detach().abs().max())
     check(as_float64(gx), gx_ref.numpy(), dtype, k * r * s, flip=dz_max * w_max)
     check(as_float64(gw), gw_ref.numpy(), dtype, n * y.shape[2] * y.shape[3], flip=dz_max * x_max)
@@ -145,8 +147,10 @@ def test_shape_errors():
     with pytest.raises(ValueError, match="bias must have shape \\(6,\\) \\(the output channels\\), "
                                          "got shape \\(5,\\)"):
         ga.conv2d(ga.zeros((1, 4, 6, 6)), ga.zeros((6, 4, 3, 3)), ga.zeros(5))
-    with pytest.raises(ValueError, match="gelu.*needs preactivation"):
-        ga.conv2d_backward(ga.zeros((1, 6, 4, 4)), ga.zeros((1, 4, 6, 6)), ga.zeros((6, 4, 3, 3)), activation="gelu")
+    for act in ACTIVATIONS[1:]:  # relu reads y or the pre-activation, the others the pre-activation
+        with pytest.raises(ValueError, match="activation='%s' needs preactivation" % act):
+            ga.conv2d_backward(ga.zeros((1, 6, 4, 4)), ga.zeros((1, 4, 6, 6)), ga.zeros((6, 4, 3, 3)),
+                               activation=act, y=ga.zeros((1, 6, 4, 4)))
     with pytest.raises(ValueError, match="grad_y .* must be the forward output's shape"):
         ga.conv2d_backward(ga.zeros((1, 6, 5, 4)), ga.zeros((1, 4, 6, 6)), ga.zeros((6, 4, 3, 3)))
     with pytest.raises(TypeError, match="share one dtype"):

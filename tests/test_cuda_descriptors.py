@@ -234,10 +234,18 @@ GEOMETRIES = [
     (2, 4, 7, 9, 8, 3, 3, (2, 2), (1, 3), (2, 2), 4),
 ]
 
-# (bias, activation, preact): every forward epilogue gpuaccel fuses
+# (bias, activation, preact): every forward epilogue gpuaccel fuses, each
+# activation with and without a bias and a saved pre-activation
 EPILOGUES = [(True, "none", False), (True, "none", True), (False, "relu", False), (True, "relu", False),
-             (True, "relu", True), (False, "relu", True), (False, "gelu", False), (True, "gelu", False),
-             (True, "gelu", True), (False, "gelu", True)]
+             (True, "relu", True), (False, "relu", True), (False, "gelu_tanh", False), (True, "gelu_tanh", False),
+             (True, "gelu_tanh", True), (False, "gelu_tanh", True), (True, "gelu", False), (False, "gelu", True),
+             (True, "gelu", True), (False, "silu", False), (True, "silu", True), (True, "sigmoid", False),
+             (False, "sigmoid", True), (True, "hardswish", False), (True, "hardswish", True),
+             (False, "hardswish", False)]
+# cuDNN's pointwise mode for each activation (cudnn_graph.h); hardswish has none
+POINTWISE_MODE = {"relu": "CUDNN_POINTWISE_RELU_FWD", "gelu": "CUDNN_POINTWISE_GELU_FWD",
+                  "gelu_tanh": "CUDNN_POINTWISE_GELU_APPROX_TANH_FWD", "silu": "CUDNN_POINTWISE_SWISH_FWD",
+                  "sigmoid": "CUDNN_POINTWISE_SIGMOID_FWD"}
 
 
 def packed_strides(dims, nhwc):
@@ -282,7 +290,10 @@ class ConvCase:
 
     @property
     def fused(self):
-        return self.op == "fwd" and (self.bias or self.act != "none")
+        """A forward epilogue cuDNN can fuse into the graph (its activation
+        one of cuDNN's pointwise modes)."""
+        return self.op == "fwd" and (self.bias or self.act != "none") and (
+            self.act == "none" or self.act in POINTWISE_MODE)
 
 
 def conv_cases():
@@ -462,9 +473,11 @@ def check_conv_graph(case, g, kind):
             modes.append(g.one(pw, "CUDNN_ATTR_POINTWISE_MODE", "CUDNN_TYPE_POINTWISE_MODE"))
             assert g.one(pw, "CUDNN_ATTR_POINTWISE_MATH_PREC", "CUDNN_TYPE_DATA_TYPE") == e[comp]
         want_modes = (["CUDNN_POINTWISE_ADD"] if case.bias else []) + (
-            [{"relu": "CUDNN_POINTWISE_RELU_FWD", "gelu": "CUDNN_POINTWISE_GELU_APPROX_TANH_FWD"}[case.act]]
-            if case.act != "none" else [])
+            [POINTWISE_MODE[case.act]] if case.act != "none" else [])
         assert modes == [e[m] for m in want_modes]
+        if case.act == "silu":  # swish(x) = x sigmoid(beta x): silu is beta 1
+            pw = g.linked(pointwise[-1], "CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR")
+            assert g.one(pw, "CUDNN_ATTR_POINTWISE_SWISH_BETA", "CUDNN_TYPE_DOUBLE") == 1.0
         if case.bias:
             add = pointwise[0]
             real("bias", g.linked(add, "CUDNN_ATTR_OPERATION_POINTWISE_BDESC"))
@@ -506,7 +519,8 @@ def test_conv_graphs_describe_the_convolution(conv_replies, cudnn_enums, capsys)
     for case in CONV_CASES:
         reply = replies[case.name]
         assert reply["eligible"] and reply["nhwc"] == case.nhwc, (case.name, reply)
-        assert reply["has_epilogue"] == case.fused
+        assert reply["has_epilogue"] == (case.op == "fwd" and (case.bias or case.act != "none"))
+        assert reply["fusable"] == case.fused
         kinds = [g["kind"] for g in reply["graphs"]]
         split = case.op == "fwd" and case.bias and case.act != "none"
         assert kinds == ["conv"] + ["fused"] * case.fused + ["split"] * split, case.name
@@ -526,17 +540,24 @@ def test_conv_graphs_describe_the_convolution(conv_replies, cudnn_enums, capsys)
     # engines for every plain convolution gpuaccel asks for
     empty = [(name, heur) for name, kind, heur in rows if kind == "conv" and not heur.get("offered")]
     assert not empty, empty
-    # the split route exists because conv -> add -> GELU (saved pre-activation
-    # or not) fuses only on runtime-fusion engines (1-2 configs offered here);
-    # conv -> add, the split route's graph, on as many as the convolution alone
+    # the split route exists because conv -> add -> GELU / SiLU (saved
+    # pre-activation or not) fuses only on runtime-fusion engines (1-2 configs
+    # offered here); conv -> add, the split route's graph, on as many as the
+    # convolution alone.  conv -> add -> sigmoid, like ReLU, also has cuDNN's
+    # precompiled conv-bias-activation engines: its fused graph is offered as
+    # widely as the split one
     offered = {(name, kind): heur.get("offered", 0) for name, kind, heur in rows}
     for case in CONV_CASES:
         if (case.name, "split") not in offered:
             continue
         split, conv = offered[case.name, "split"], offered[case.name, "conv"]
         assert split == conv, (case.name, split, conv)
-        if case.act == "gelu" and case.dtype in ("float16", "bfloat16"):
+        if case.dtype not in ("float16", "bfloat16"):
+            continue
+        if case.act in ("gelu_tanh", "gelu", "silu"):
             assert split >= 10 and split > 4 * offered[case.name, "fused"], (case.name, offered)
+        if case.act == "sigmoid" and not case.preact:
+            assert offered[case.name, "fused"] >= split, (case.name, offered)
 
 
 @pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
@@ -605,6 +626,9 @@ POINTER_MM = {"a": 0x1000000, "b": 0x2000000, "d": 0x3000000, "bias": 0x4000000,
 
 
 def matmul_cases():
+    """Every epilogue matmul.cu fuses, in every dtype and transposition;
+    in float64 the GELU ones are not fused (cuBLASLt's are not
+    float64-accurate): their cases check the plain GEMM instead."""
     cases = []
     for dtype in DTYPES:
         for a_t, b_t in [(False, False), (True, False), (False, True), (True, True)]:
@@ -614,18 +638,21 @@ def matmul_cases():
             cases.append(MatmulCase(tag + "-relu-bias", dtype, "CUBLASLT_EPILOGUE_RELU_BIAS", a_t, b_t, bias=1,
                                     act="relu"))
             cases.append(MatmulCase(tag + "-gelu-bias", dtype, "CUBLASLT_EPILOGUE_GELU_BIAS", a_t, b_t, bias=1,
-                                    act="gelu"))
+                                    act="gelu_tanh"))
             cases.append(MatmulCase(tag + "-gelu-aux", dtype, "CUBLASLT_EPILOGUE_GELU_AUX", a_t, b_t,
-                                    act="gelu", preact=1))
+                                    act="gelu_tanh", preact=1))
             cases.append(MatmulCase(tag + "-gelu-aux-bias", dtype, "CUBLASLT_EPILOGUE_GELU_AUX_BIAS", a_t, b_t,
-                                    bias=1, act="gelu", preact=1))
+                                    bias=1, act="gelu_tanh", preact=1))
             cases.append(MatmulCase(tag + "-dgelu-bgrad", dtype, "CUBLASLT_EPILOGUE_DGELU_BGRAD", a_t, b_t,
-                                    dact="gelu", dact_aux=1, col_sums=1))
+                                    dact="gelu_tanh", dact_aux=1, col_sums=1))
             cases.append(MatmulCase(tag + "-bgradb", dtype, "CUBLASLT_EPILOGUE_BGRADB", a_t, b_t, a_row_sums=1))
             for want, extra in [("CUBLASLT_EPILOGUE_BIAS", {"bias": 1}),
-                                ("CUBLASLT_EPILOGUE_GELU_AUX_BIAS", {"bias": 1, "act": "gelu", "preact": 1})]:
+                                ("CUBLASLT_EPILOGUE_GELU_AUX_BIAS", {"bias": 1, "act": "gelu_tanh", "preact": 1})]:
                 cases.append(MatmulCase(tag + "-batch3-" + want.split("EPILOGUE_")[1].lower(), dtype, want, a_t,
                                         b_t, batch=3, **extra))
+    for case in cases:
+        if case.dtype == "float64" and "GELU" in case.want:
+            case.want = "CUBLASLT_EPILOGUE_DEFAULT"
     return cases
 
 
@@ -677,6 +704,7 @@ def check_matmul(case, reply, e):
         assert desc["aux_ld"] == case.mats[aux][2]
         if case.batch > 1:
             assert desc["aux_batch_stride"] == case.batch_stride[aux]
+    check_split(case, reply, e, case.dtype)
 
 
 @pytest.mark.skipif(SKIP_REASON is not None, reason=SKIP_REASON or "")
@@ -706,21 +734,36 @@ ROUTES = [
     ("bias-f32-for-f16", "float16", None, "GA_FALLBACK_EPILOGUE", {"bias": 1, "bias_dtype": "float32"}),
     ("bias-bf16-for-f32", "float32", None, "GA_FALLBACK_EPILOGUE", {"bias": 1, "bias_dtype": "bfloat16"}),
     ("gelu-bias-f32-for-bf16", "bfloat16", None, "GA_FALLBACK_EPILOGUE",
-     {"bias": 1, "bias_dtype": "float32", "act": "gelu"}),
+     {"bias": 1, "bias_dtype": "float32", "act": "gelu_tanh"}),
     ("bgradb-d-type", "bfloat16", "CUBLASLT_EPILOGUE_BGRADB", None, {"a_row_sums": 1}),
     ("bgradb-f32-for-bf16", "bfloat16", None, "GA_FALLBACK_EPILOGUE",
      {"a_row_sums": 1, "a_row_sums_dtype": "float32"}),
     ("dgelu-bgrad-f32-for-f16", "float16", None, "GA_FALLBACK_EPILOGUE",
-     {"dact": "gelu", "dact_aux": 1, "col_sums": 1, "col_sums_dtype": "float32"}),
+     {"dact": "gelu_tanh", "dact_aux": 1, "col_sums": 1, "col_sums_dtype": "float32"}),
     ("relu-preact", "float16", None, "GA_FALLBACK_EPILOGUE", {"bias": 1, "act": "relu", "preact": 1}),
     ("drelu", "float32", None, "GA_FALLBACK_EPILOGUE", {"dact": "relu", "dact_aux": 1}),
     ("bgradb-deterministic", "float32", None, "GA_FALLBACK_DETERMINISTIC",
      {"a_row_sums": 1, "deterministic": 1}),
     ("dgelu-bgrad-deterministic", "float16", None, "GA_FALLBACK_DETERMINISTIC",
-     {"dact": "gelu", "dact_aux": 1, "col_sums": 1, "deterministic": 1}),
+     {"dact": "gelu_tanh", "dact_aux": 1, "col_sums": 1, "deterministic": 1}),
     ("dgelu-deterministic", "float16", "CUBLASLT_EPILOGUE_DGELU", None,
-     {"dact": "gelu", "dact_aux": 1, "deterministic": 1}),
+     {"dact": "gelu_tanh", "dact_aux": 1, "deterministic": 1}),
     ("bias-deterministic", "float32", "CUBLASLT_EPILOGUE_BIAS", None, {"bias": 1, "deterministic": 1}),
+    # cuBLASLt's GELU epilogues are not float64-accurate
+    ("gelu-tanh-f64", "float64", None, "GA_FALLBACK_EPILOGUE", {"bias": 1, "act": "gelu_tanh"}),
+    ("dgelu-f64", "float64", None, "GA_FALLBACK_EPILOGUE", {"dact": "gelu_tanh", "dact_aux": 1}),
+    ("relu-bias-f64", "float64", "CUBLASLT_EPILOGUE_RELU_BIAS", None, {"bias": 1, "act": "relu"}),
+    # activations cuBLASLt has no epilogue for: the split route's GEMM + bias
+    ("gelu-erf-bias", "bfloat16", None, "GA_FALLBACK_EPILOGUE", {"bias": 1, "act": "gelu"}),
+    ("gelu-erf-preact", "float16", None, "GA_FALLBACK_EPILOGUE", {"act": "gelu", "preact": 1}),
+    ("silu-bias-preact", "float32", None, "GA_FALLBACK_EPILOGUE", {"bias": 1, "act": "silu", "preact": 1}),
+    ("hardswish-bias", "float16", None, "GA_FALLBACK_EPILOGUE", {"bias": 1, "act": "hardswish"}),
+    ("sigmoid-bias-preact", "bfloat16", None, "GA_FALLBACK_EPILOGUE", {"bias": 1, "act": "sigmoid", "preact": 1}),
+    ("sigmoid-f64", "float64", None, "GA_FALLBACK_EPILOGUE", {"act": "sigmoid"}),
+    ("silu-bias-f32-for-bf16", "bfloat16", None, "GA_FALLBACK_EPILOGUE",
+     {"bias": 1, "bias_dtype": "float32", "act": "silu"}),
+    ("dsilu", "float32", None, "GA_FALLBACK_EPILOGUE", {"dact": "silu", "dact_aux": 1}),
+    ("dgelu-erf-bgrad", "bfloat16", None, "GA_FALLBACK_EPILOGUE", {"dact": "gelu", "dact_aux": 1, "col_sums": 1}),
 ]
 
 
@@ -740,6 +783,43 @@ def test_matmul_asks_cublaslt_only_for_what_it_documents(route, lt_enums, reason
             assert desc["bias_data_type"] == lt_enums[LT_TYPE[dtype]]
     # the plain GEMM the unfused route runs is always describable here
     assert reply["plain_call"]["described"] and reply["plain_call"]["desc_status"] is None
+    check_split(case, reply, lt_enums, dtype)
+
+
+def check_split(case, reply, e, dtype):
+    """The split route, for every forward activation — what runs when
+    cuBLASLt cannot fuse it (relu with its pre-activation kept, any other
+    activation but tanh-GELU) or refuses the fused call: the GEMM and its
+    bias alone, in cuBLASLt's BIAS epilogue (DEFAULT without a bias),
+    written to the pre-activation when it is kept (else to D, activated in
+    place); never for a backward epilogue or a bias of another dtype than
+    D's."""
+    act, extra = case.extra.get("act", "none"), case.extra
+    applies = (act != "none" and not {"dact", "col_sums", "a_row_sums"} & set(extra)
+               and extra.get("bias_dtype", dtype) == dtype)
+    assert reply["split"] == applies, reply
+    if not applies:
+        return
+    assert not reply["split_keeps_activation"]
+    want = "CUBLASLT_EPILOGUE_BIAS" if extra.get("bias") else "CUBLASLT_EPILOGUE_DEFAULT"
+    assert reply["split_epilogue"] == e[want]
+    z = "preact" if extra.get("preact") else "d"
+    assert reply["split_d"] == POINTER_MM[z]
+    call = reply["split_call"]
+    assert call["described"] and call["desc_status"] is None, call
+    st = call["plan_status"]
+    assert st is None or st["call"] == "cublasLtMatmulAlgoGetHeuristic", st
+    desc, d = call["desc"], call["d"]
+    assert desc["epilogue"] == e[want]
+    assert (d["rows"], d["cols"]) == (N, M) and call["c"] == d
+    assert d["ld"] == case.mats[z][2] and d["type"] == e[LT_TYPE[dtype]]
+    if extra.get("bias"):
+        assert desc["bias_pointer"] == POINTER_MM["bias"] and desc["bias_data_type"] == e[LT_TYPE[dtype]]
+    what = {"relu": "bit mask" if extra.get("preact") else "refused its relu epilogue",
+            "gelu": "tanh approximation",
+            "gelu_tanh": "not float64-accurate" if dtype == "float64" else "refused its tanh-GELU epilogue",
+            }.get(act, "no epilogue for this activation")
+    assert what in reply["split_why"] and "split route" in reply["split_why"], reply["split_why"]
 
 
 # (statuses met in one search, floor, the reason reported, the status kept):
@@ -775,7 +855,7 @@ def test_cudnn_refusals_become_fallback_reasons(reasons):
 def test_a_capturing_call_of_a_cold_problem_is_refused_before_any_setup():
     # no device here: cudaStreamIsCapturing cannot tell, which conv.cu treats
     # as a capture, so nothing that tunes may run
-    cases = [ConvCase("cap-fwd", "float16", "nhwc", "fwd", GEOMETRIES[0], bias=True, act="gelu"),
+    cases = [ConvCase("cap-fwd", "float16", "nhwc", "fwd", GEOMETRIES[0], bias=True, act="gelu_tanh"),
              ConvCase("cap-dgrad", "float32", "nchw", "bwd_data", GEOMETRIES[1]),
              ConvCase("cap-wgrad", "bfloat16", "nhwc", "bwd_filter", GEOMETRIES[3])]
     _, replies = run_probe([c.line() + " run=1" for c in cases])
@@ -795,7 +875,7 @@ def test_a_capturing_call_of_a_cold_problem_is_refused_before_any_setup():
 def test_a_problem_cached_as_direct_runs_without_cudnn_even_when_capturing():
     # the direct kernels need no cuDNN handle: none is created (cudnnCreate,
     # which fails here without a device, would allocate inside a capture)
-    cases = [ConvCase("direct-fwd", "float16", "nhwc", "fwd", GEOMETRIES[0], bias=True, act="gelu"),
+    cases = [ConvCase("direct-fwd", "float16", "nhwc", "fwd", GEOMETRIES[0], bias=True, act="gelu_tanh"),
              ConvCase("direct-wgrad", "float32", "nchw", "bwd_filter", GEOMETRIES[1])]
     _, replies = run_probe([c.line() + " run=1 cached=direct" for c in cases])
     for case, reply in zip(cases, replies):

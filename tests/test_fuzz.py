@@ -53,6 +53,7 @@ from hypothesis import strategies as st
 import gpuaccel as ga
 
 from helpers import (
+    ACTIVATIONS,
     ALL_DTYPES,
     FLOAT_DTYPES,
     INT_DTYPES,
@@ -960,8 +961,10 @@ def _one_torch_thread():
     torch.set_num_threads(threads)
 
 
-ACTS = [None, "relu", "gelu"]
-BAD_ACTS = ["Relu", "tanh", "", "none ", 0, 1.5, b"relu", ("relu",), "\ud800"]
+ACTS = [None] + ACTIVATIONS
+# the activations whose derivative reads the pre-activation (relu's reads y)
+SAVES_Z = [a for a in ACTIVATIONS if a != "relu"]
+BAD_ACTS = ["Relu", "tanh", "", "none ", 0, 1.5, b"relu", ("relu",), "\ud800", "gelu_exact", "swish", "GELU"]
 if "embedded_nul" not in KNOWN_BUGS:
     BAD_ACTS += ["gelu\0", "relu\0junk"]
 # float16/bfloat16 are checked too, with their own rounding
@@ -1233,7 +1236,7 @@ def test_linear_matches_torch(c):
                   save_preactivation=c["save"])
     if c["save"]:
         y, aux = r
-        if c["act"] == "gelu":
+        if c["act"] in SAVES_Z:
             check_close(aux, z, scale, dtype)
         elif c["act"] == "relu":
             assert aux is y
@@ -1333,10 +1336,10 @@ def bad_linear_case(draw):
         kw[key] = np.ones(shape, dt)
         return fn, kw, ValueError, "linear_backward: need"
     if what == "bw_act_needs_preact":
-        kw["activation"] = draw(st.sampled_from(["relu", "gelu"]))
+        kw["activation"] = draw(st.sampled_from(ACTIVATIONS))
         return fn, kw, ValueError, "preactivation"
     if what == "bw_preact_shape":
-        kw["activation"] = draw(st.sampled_from(["relu", "gelu"]))
+        kw["activation"] = draw(st.sampled_from(ACTIVATIONS))
         kw["preactivation"] = np.ones(draw(st.sampled_from([(M, N + 1), (M + 1, N), (N,)])), dt)
         return fn, kw, ValueError, "linear_backward: need"
     if what == "bw_dtype":
@@ -1454,7 +1457,7 @@ def test_conv2d_matches_torch(c):
     if out is None and c["layout"] == "channels_last" and C > 1 and K > 1 and H * W > 1:
         assert y.strides[1] == y.itemsize  # follows the input's (unambiguous) memory format
     if c["save"]:
-        if c["act"] == "gelu":
+        if c["act"] in SAVES_Z:
             check_close(aux, to_layout(z, c), to_layout(scale, c), dtype)
         else:
             assert aux is (y if c["act"] == "relu" else None)
@@ -1486,7 +1489,7 @@ def test_conv2d_backward_matches_torch(c):
     extra = dict(activation=act, **needs_grads(c))
     if act == "relu":
         extra[c["relu_aux"]] = y
-    elif act == "gelu":
+    elif act in SAVES_Z:
         extra["preactivation"] = aux
     if c["out"]:  # preallocated results
         extra["out"] = (out_buffer(X.shape, dtype, c["out"]), out_buffer(Wt.shape, dtype, c["out"]),
@@ -1614,7 +1617,7 @@ def test_conv2d_bad_arguments(case):
 @fuzz(80)
 @given(st.sampled_from(["x", "weight", "grad_y", "y", "preactivation"]),
        st.sampled_from([(1, 4, 3, 4), (1, 4, 4, 3), (2, 4, 3, 3), (1, 3, 3, 3), (4, 3, 3), ()]),
-       st.sampled_from(["relu", "gelu"]), st.sampled_from(["NCHW", "NHWC"]))
+       st.sampled_from(ACTIVATIONS), st.sampled_from(["NCHW", "NHWC"]))
 def test_conv2d_backward_shape_mismatches(key, shape, act, layout):
     """conv2d_backward's operands disagreeing with the forward geometry."""
     x, w = np.ones((1, 2, 5, 5), np.float32), np.ones((4, 2, 3, 3), np.float32)
@@ -1629,5 +1632,5 @@ def test_conv2d_backward_shape_mismatches(key, shape, act, layout):
         ga.conv2d_backward(**kw)
     except ValueError as e:
         assert re.search("conv2d_backward: (grad_y|x must|weight|groups)", str(e)), str(e)
-    else:  # only a y that is ignored (gelu reads preactivation) may pass
-        assert key == "y" and act == "gelu"
+    else:  # only a y that is ignored (the others read preactivation) may pass
+        assert key == "y" and act in SAVES_Z

@@ -28,13 +28,25 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from helpers import TOLERANCE, cuda_include_dir, numpy_dtype, seed_for
+from helpers import ACTIVATIONS, TOLERANCE, activation_grad_ref, activation_ref, cuda_include_dir, numpy_dtype, seed_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCHEDULES = ["forward", "reverse", "random:1"]
 FLOATS = ["float16", "bfloat16", "float32", "float64"]
 DTYPES = ["bool", "uint8", "int8", "int16", "int32", "int64"] + FLOATS
-ACT = {"none": 0, "relu": 1, "gelu": 2}
+
+
+def _activation_values():
+    """kernels.h's ga_activation values by name: the driver takes the
+    numbers, and the enum is read from the header the kernels compile."""
+    text = open(os.path.join(ROOT, "kernels", "kernels.h")).read()
+    body = re.search(r"typedef enum \{([^}]*)\} ga_activation;", text).group(1)
+    names = [m.lower() for m in re.findall(r"GA_ACT_(\w+)", body) if m != "COUNT"]
+    assert sorted(names) == sorted(["none"] + ACTIVATIONS), names
+    return {name: k for k, name in enumerate(names)}
+
+
+ACT = _activation_values()
 
 # ------------------------------------------------------------------ build
 
@@ -318,20 +330,11 @@ def rounding_bound(reference, dtype):
 
 
 def act64(act, z):
-    if act == "relu":
-        return np.maximum(z, 0.0)
-    if act == "gelu":
-        return 0.5 * z * (1.0 + np.tanh(0.7978845608028654 * (z + 0.044715 * z**3)))
-    return z
+    return activation_ref(z, act)
 
 
 def act_grad64(act, z):
-    if act == "relu":
-        return (z > 0).astype(np.float64)
-    if act == "gelu":
-        t = np.tanh(0.7978845608028654 * (z + 0.044715 * z**3))
-        return 0.5 * (1 + t) + 0.5 * z * (1 - t * t) * 0.7978845608028654 * (1 + 3 * 0.044715 * z * z)
-    return np.ones_like(z)
+    return activation_grad_ref(z, act)
 
 
 def cast_to(x64, dtype):
@@ -407,8 +410,11 @@ def copy_cases(rng):
 def bias_act_cases(rng):
     cases = []
     combos = [("float32", "float32", "float32", "gelu"), ("float16", "float16", "float32", "relu"),
-              ("bfloat16", "bfloat16", "bfloat16", "gelu"), ("float64", "float64", "float64", "gelu"),
-              ("float32", "float16", "float64", "none"), ("float16", "bfloat16", "float16", "gelu")]
+              ("bfloat16", "bfloat16", "bfloat16", "gelu_tanh"), ("float64", "float64", "float64", "gelu"),
+              ("float32", "float16", "float64", "none"), ("float16", "bfloat16", "float16", "silu"),
+              ("float64", "float64", "float64", "hardswish"), ("float32", "bfloat16", "float32", "sigmoid"),
+              ("float32", "float32", "float32", "silu"), ("float64", "float64", "float64", "sigmoid"),
+              ("float16", "float16", "float16", "hardswish"), ("float64", "float64", "float64", "gelu_tanh")]
     for k, (x_dtype, y_dtype, b_dtype, act) in enumerate(combos):
         shape, channel_dim = [((3, 37, 29), 2), ((2, 5, 7, 9), 1), ((301,), 0)][k % 3]
         x = values(rng, shape, x_dtype)
@@ -468,6 +474,14 @@ def act_backward_cases(rng):
         ("tile8", (69, 77), 1, ("bfloat16", "bfloat16", "bfloat16", "bfloat16"), "none", "bgrad_tile_kernel"),
         ("tile16", (65, 2049), 1, ("float32", "float32", "float32", "float32"), "relu", "bgrad_tile_kernel"),
         ("tile32", (65, 4099), 1, ("float64", "float64", "float64", "float64"), "none", "bgrad_tile_kernel"),
+        ("elementwise", (3, 37, 29), None, ("float64", "float64", "float64", None), "gelu_tanh", None),
+        ("elementwise", (4, 33), None, ("float32", "float32", "float32", None), "silu", None),
+        ("elementwise", (301,), None, ("float64", "float64", "float64", None), "hardswish", None),
+        ("elementwise", (5, 7, 9), None, ("bfloat16", "float32", "bfloat16", None), "sigmoid", None),
+        ("thread", (9, 7, 3), 1, ("float64", "float64", "float64", "float64"), "silu", None),
+        ("block", (2, 3, 9, 13), 1, ("float32", "float32", "float32", "float32"), "hardswish", None),
+        ("tile8", (67, 101), 1, ("float64", "float64", "float64", "float64"), "sigmoid", None),
+        ("tile8", (33, 45), 1, ("float16", "float16", "float16", "float32"), "gelu_tanh", None),
     ]
     for k, (kind, shape, channel_dim, (g_dtype, a_dtype, dz_dtype, bg_dtype), act, limit) in enumerate(plans):
         g = values(rng, shape, g_dtype)
@@ -521,7 +535,9 @@ def act_backward_cases(rng):
 
 def matmul_cases(rng):
     """The generic GEMM and the epilogue kernels after it: what
-    ga_cuda_matmul runs when cuBLASLt cannot (kernels/cuda/fallback.h)."""
+    ga_cuda_matmul runs when cuBLASLt cannot (kernels/cuda/fallback.h);
+    and ("split_...") the split route's activation after a GEMM + bias
+    (cuBLASLt's half done by the generic kernel here)."""
     cases = []
     plans = [
         # (dtype, d_dtype, batch, M, K, N, epilogue)
@@ -531,11 +547,25 @@ def matmul_cases(rng):
         ("bfloat16", "bfloat16", 1, 41, 23, 18, "a_row_sums"),
         ("float16", "float16", 2, 17, 16, 33, "dact_gelu"),
         ("float32", "float32", 1, 29, 0, 21, "col_sums"),
+        ("float64", "float64", 2, 23, 19, 27, "bias_silu_preact"),
+        ("float32", "float32", 1, 31, 21, 17, "bias_hardswish"),
+        ("bfloat16", "float32", 2, 13, 29, 19, "bias_sigmoid_preact"),
+        ("float64", "float64", 1, 25, 18, 22, "bias_gelu_tanh"),
+        ("float32", "float32", 2, 19, 17, 23, "dact_silu_col_sums"),
+        ("float64", "float64", 1, 21, 13, 29, "dact_hardswish"),
+        ("float64", "float64", 1, 17, 22, 15, "dact_sigmoid_col_sums"),
+        ("float32", "float32", 2, 15, 31, 18, "dact_gelu_tanh"),
+        ("float32", "float32", 2, 21, 19, 25, "split_bias_silu_preact"),
+        ("float64", "float64", 1, 27, 16, 13, "split_gelu"),
+        ("bfloat16", "bfloat16", 2, 11, 33, 20, "split_bias_hardswish"),
+        ("float16", "float32", 1, 23, 17, 29, "split_bias_sigmoid_preact"),
+        ("float32", "float32", 1, 17, 23, 21, "split_bias_relu_preact"),
     ]
     for k, (dtype, d_dtype, batch, M, K, N, epilogue) in enumerate(plans):
         a = values(rng, (batch, M, K), dtype)
         b = values(rng, (batch, K, N), dtype)
-        c = Case("matmul %s->%s %dx%dx%dx%d %s" % (dtype, d_dtype, batch, M, K, N, epilogue), "matmul")
+        op = "matmul_split" if epilogue.startswith("split") else "matmul"
+        c = Case("%s %s->%s %dx%dx%dx%d %s" % (op, dtype, d_dtype, batch, M, K, N, epilogue), op)
         c.ints("batch", batch)
         # A transposed in memory, B with gaps, D reversed along rows
         a_mem = np.swapaxes(strided(rng, np.swapaxes(a, 1, 2).copy()), 1, 2) if k % 2 else strided(rng, a)
@@ -548,7 +578,7 @@ def matmul_cases(rng):
             fields["bias"] = values(rng, (N,), d_dtype)
             c.ptr("bias", fields["bias"])
             c.dtype("bias_dtype", d_dtype)
-        act = "gelu" if "gelu" in epilogue else "relu" if "relu" in epilogue else "none"
+        act = next((a for a in sorted(ACTIVATIONS, key=len, reverse=True) if "_" + a in epilogue), "none")
         if epilogue.startswith("dact"):
             fields["aux"] = values(rng, (batch, M, N), d_dtype)
             c.ints("dact", ACT[act])
@@ -675,6 +705,10 @@ def conv_cases(rng):
         ("float64", 1, 4, 7, 8, 6, 3, 2, (1, 2), (0, 1), (2, 1), 2, "relu", True),
         ("float16", 2, 6, 6, 7, 3, 2, 3, (1, 1), (1, 0), (1, 2), 3, "none", False),
         ("bfloat16", 1, 2, 8, 5, 4, 3, 3, (2, 2), (1, 1), (1, 1), 1, "gelu", True),
+        ("float64", 2, 3, 7, 6, 4, 3, 3, (1, 1), (1, 1), (1, 1), 1, "silu", False),
+        ("float32", 1, 4, 9, 7, 4, 3, 2, (2, 1), (1, 1), (1, 2), 2, "hardswish", True),
+        ("float64", 1, 3, 6, 9, 6, 2, 3, (1, 2), (0, 1), (1, 1), 3, "sigmoid", False),
+        ("float32", 2, 2, 5, 8, 3, 3, 3, (1, 1), (2, 1), (2, 1), 1, "gelu_tanh", True),
     ]
     for k, (dtype, N, C, H, W, K, R, S, stride, padding, dilation, groups, act, last) in enumerate(plans):
         P, Q = out_size(H, padding[0], dilation[0], R, stride[0]), out_size(W, padding[1], dilation[1], S, stride[1])
@@ -756,13 +790,14 @@ def conv_cases(rng):
 def normalize_cases(rng):
     cases = []
     for k, dtype in enumerate(FLOATS):
-        for nchw in (0, 1):
+        for nchw, src_chw in ((0, 0), (1, 0), (k % 2, 1)):  # channels-first sources: torchvision's tensors
             n, h, w, ch = 3, 5, 7 + k, 3
             src = rng.integers(0, 256, size=(n, h, w, ch)).astype(np.uint8)
             scale = rng.uniform(0.001, 0.05, ch)
             shift = rng.uniform(-2, 2, ch)
-            c = Case("normalize %s nchw=%d" % (dtype, nchw), "normalize")
-            c.ptr("src", src)
+            c = Case("normalize %s nchw=%d src_chw=%d" % (dtype, nchw, src_chw), "normalize")
+            c.ptr("src", np.ascontiguousarray(src.transpose(0, 3, 1, 2)) if src_chw else src)
+            c.ints("src_chw", src_chw)
             out_shape = (n, ch, h, w) if nchw else (n, h, w, ch)
             c.ptr("dst", poison(out_shape, dtype), written=True)
             c.dtype("dtype", dtype)
@@ -784,6 +819,75 @@ def normalize_cases(rng):
                 assert_within(out["dst"], ref, 4 * EPS[acc] * (np.abs(ref) + 3) + rounding_bound(ref, dtype), "dst")
             c.check = check
             cases.append(c)
+    return cases
+
+
+# ---------------------------------------------------------------- resize
+
+
+def resize_axis64(origin, scale, lo, hi, n):
+    """torch's antialiased bilinear weights (upsample_bilinear2d_aa) of n
+    output pixels over input pixels [lo, hi): a float64 matrix."""
+    support = scale if scale >= 1 else 1.0
+    inv = 1.0 / scale if scale >= 1 else 1.0
+    weights = np.zeros((n, hi - lo))
+    for k in range(n):
+        center = origin - lo + scale * (k + 0.5)
+        first, last = max(int(center - support + 0.5), 0), min(int(center + support + 0.5), hi - lo)
+        for j in range(first, last):
+            weights[k, j] = max(0.0, 1.0 - abs((j - center + 0.5) * inv))
+        weights[k] /= weights[k].sum()
+    return weights
+
+
+def resize_cases(rng):
+    """Crops of odd-sized images resized down and up, flipped or not, and a
+    center crop larger than its image (zero padding), against float64."""
+    cases = []
+    for k in range(6):
+        src_h, src_w = int(rng.integers(9, 70)), int(rng.integers(9, 70))
+        pitch = src_w * 3 + int(rng.integers(0, 5))
+        src = rng.integers(0, 256, size=(src_h, pitch), dtype=np.uint8)
+        if k < 5:
+            h, w = int(rng.integers(1, src_h + 1)), int(rng.integers(1, src_w + 1))
+            top, left = int(rng.integers(0, src_h - h + 1)), int(rng.integers(0, src_w - w + 1))
+            out = (int(rng.integers(3, 40)), int(rng.integers(3, 40)))
+            placed = (0, 0) + out
+            ry, rx = (top, h / out[0], top, top + h), (left, w / out[1], left, left + w)
+        else:  # a center crop of the image at its size, larger than it: padded
+            out = (src_h + 5, src_w + 2)
+            placed = (2, 1, src_h, src_w)
+            ry, rx = (0.0, 1.0, 0, src_h), (0.0, 1.0, 0, src_w)
+        flip = k % 2
+        c = Case("resize %dx%d -> %dx%d flip=%d" % (src_h, src_w, out[0], out[1], flip), "resize")
+        c.ptr("src", src)
+        c.ints("src_h", src_h)
+        c.ints("src_w", src_w)
+        c.ints("src_pitch", pitch)
+        c.ptr("dst", poison(out + (3,), "uint8"), written=True)
+        c.ints("out", *out)
+        c.ints("placed", *placed)
+        c.ints("flip", flip)
+        c.floats("ry", ry[0], ry[1])
+        c.ints("ry_span", ry[2], ry[3])
+        c.floats("rx", rx[0], rx[1])
+        c.ints("rx_span", rx[2], rx[3])
+        c.twin = "units"
+        image = src[:, :src_w * 3].reshape(src_h, src_w, 3).astype(np.float64)
+        wy = resize_axis64(*ry, placed[2])
+        wx = resize_axis64(*rx, placed[3])
+        part = np.einsum("yi,ijc,xj->yxc", wy, image[ry[2]:ry[3], rx[2]:rx[3]], wx)
+        ref = np.zeros(out + (3,))
+        ref[placed[0]:placed[0] + placed[2], placed[1]:placed[1] + placed[3]] = part[:, ::-1] if flip else part
+
+        def check(result, ref=ref):
+            got = result["dst"].astype(np.float64)
+            # the GPU sums in one pass (<= 1 unit off); the CPU rounds
+            # between its two passes too (<= 2)
+            assert np.abs(got - ref).max() <= 2, np.abs(got - ref).max()
+            assert np.abs(got - ref).mean() < 0.5
+        c.check = check
+        cases.append(c)
     return cases
 
 
@@ -879,6 +983,7 @@ FAMILIES = {
     "conv": conv_cases,
     "normalize": normalize_cases,
     "logger": logger_cases,
+    "resize": resize_cases,
 }
 
 
@@ -910,12 +1015,15 @@ def outcome(case, d):
             if case.twin == "bits":
                 assert out[name].tobytes() == twin[name].tobytes(), "%s: %s differs from the CPU twin" % (
                     case.name, name)
+            elif case.twin == "units":  # integers from float sums in another order: a few units
+                diff = np.abs(out[name].astype(np.int64) - twin[name].astype(np.int64))
+                assert diff.max() <= 3, "%s: %s differs from the CPU twin by %d" % (case.name, name, diff.max())
             elif case.twin == "close":  # sums in another order: within a few roundings of the largest
                 dtype = dtype_name(out[name].dtype)
                 scale = np.nanmax(np.abs(f64(twin[name])), initial=0.0)
                 assert_within(out[name], f64(twin[name]), 4 * rounding_bound(scale, dtype),
                               "%s: %s vs the CPU twin" % (case.name, name))
-        if case.twin == "close":
+        if case.twin in ("close", "units"):
             case.check(twin)
     case.check(out)
     return out

@@ -8,6 +8,7 @@ import pytest
 import gpuaccel as ga
 
 from helpers import (
+    ACTIVATIONS,
     FLOAT_DTYPES,
     activation_grad_ref,
     activation_ref,
@@ -48,7 +49,7 @@ def test_matmul_2d(rng, dtype, m, k, n):
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("activation", [None, "relu", "gelu"])
+@pytest.mark.parametrize("activation", [None] + ACTIVATIONS)
 def test_matmul_bias_activation_and_out_dtype(rng, dtype, activation):
     a, ar = values(rng, (37, 29), dtype)
     b, br = values(rng, (29, 23), dtype)
@@ -131,7 +132,7 @@ def test_matmul_errors(call, exc, words):
 # ------------------------------------------------------------------ linear
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
-@pytest.mark.parametrize("activation", [None, "relu", "gelu"])
+@pytest.mark.parametrize("activation", [None] + ACTIVATIONS)
 @pytest.mark.parametrize("x_shape", [(13, 31), (2, 7, 31), (31,)])
 def test_linear_forward_and_backward(rng, dtype, activation, x_shape):
     n, k = 19, x_shape[-1]
@@ -150,17 +151,18 @@ def test_linear_forward_and_backward(rng, dtype, activation, x_shape):
     gy, gyr = values(rng, y.shape, dtype)
     gx, gw, gb = ga.linear_backward(gy, x, w, activation=activation, preactivation=aux)
     # the reference differentiates through the saved (rounded) pre-activation, as the kernels do
-    zsaved = aux.astype("float64").numpy() if activation == "gelu" else z
+    saves_z = activation not in (None, "relu")  # the derivative reads the saved z
+    zsaved = aux.astype("float64").numpy() if saves_z else z
     dz = gyr * activation_grad_ref(zsaved, activation)
     # the kernels store the activation's gradient in the input dtype before the reductions (exact for
     # None and relu): so does the reference
     dz = torch.from_numpy(dz).to(getattr(torch, dtype)).double().numpy()
     m = int(np.prod(x_shape[:-1]))
-    dz_max = float(np.abs(dz).max()) if activation == "gelu" and dz.size else 0.0  # dz rounded: see check()
+    dz_max = float(np.abs(dz).max()) if saves_z and dz.size else 0.0  # dz rounded: see check()
     check(gx.astype("float64").numpy(), dz @ wr, dtype, n, flip=dz_max * float(np.abs(wr).max(initial=0)))
     check(gw.astype("float64").numpy(), dz.reshape(m, n).T @ xr.reshape(m, k), dtype, m,
           flip=dz_max * float(np.abs(xr).max(initial=0)))
-    check(gb.astype("float64").numpy(), dz.reshape(m, n).sum(0), dtype, m)
+    check(gb.astype("float64").numpy(), dz.reshape(m, n).sum(0), dtype, m, flip=dz_max)
     assert gx.shape == x.shape and gw.shape == w.shape and gb.shape == (n,)
 
 
@@ -172,8 +174,9 @@ def test_linear_backward_needs_flags_and_errors(rng):
     assert gx is None and gb is None and gw.shape == (3, 4)
     only_bias = ga.linear_backward(gy, x, w, needs_input_grad=False, needs_weight_grad=False)
     np.testing.assert_allclose(only_bias[2].numpy(), gy.numpy().sum(0), rtol=1e-6)
-    with pytest.raises(ValueError, match="needs preactivation"):
-        ga.linear_backward(gy, x, w, activation="gelu")
+    for act in ACTIVATIONS:
+        with pytest.raises(ValueError, match="activation='%s' needs preactivation" % act):
+            ga.linear_backward(gy, x, w, activation=act)
     with pytest.raises(ValueError, match="linear_backward: need weight"):
         ga.linear_backward(gy, x, ga.zeros((3, 5)))
     with pytest.raises(TypeError, match="out must be a tuple"):

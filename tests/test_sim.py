@@ -335,12 +335,12 @@ def test_ops_on_streams_devices_and_threads_match_the_cpu():
         rng = np.random.default_rng(2024)
         devices = ["cuda:0", "cuda:1"]
         dtypes = ["float32", "float64", "float16", "bfloat16"]
-        acts = [None, "relu", "gelu"]
+        acts = [None, "relu", "gelu", "gelu_tanh", "silu", "hardswish", "sigmoid"]
 
         def one_case(seed, streams, dev):
             r = np.random.default_rng(seed)
             dt = dtypes[r.integers(4)]
-            act = acts[r.integers(3)]
+            act = acts[r.integers(len(acts))]
             s_in, s_op = streams[r.integers(len(streams))], streams[r.integers(len(streams))]
             M, K, N = (int(v) for v in r.integers(1, 40, 3))
             lead = (int(r.integers(1, 4)),)

@@ -201,8 +201,8 @@ ga_status ga_cpu_bias_activation(const ga_bias_act_desc *desc)
         return ga_ok();
     job.d = desc;
     job.f64 = ga_bias_act_in_double(desc);
-    /* gelu costs a tanh per element: smaller tasks are still worth a thread */
-    int64_t grain = desc->activation == GA_ACT_GELU ? GA_CPU_GRAIN / 8 : GA_CPU_GRAIN;
+    /* an exp, erf or tanh per element: smaller tasks are still worth a thread */
+    int64_t grain = ga_activation_is_cheap(desc->activation) ? GA_CPU_GRAIN : GA_CPU_GRAIN / 8;
     ga_parallel_for(numel, grain, bias_act_range, &job);
     return ga_ok();
 }
@@ -475,7 +475,7 @@ ga_status ga_cpu_activation_backward(const ga_act_backward_desc *desc)
     int64_t numel = ga_ew_layout_make(g, ts, -1, &job.L);
     if (numel == 0)
         return ga_ok();
-    int64_t grain = act == GA_ACT_GELU ? GA_CPU_GRAIN / 8 : GA_CPU_GRAIN;
+    int64_t grain = ga_activation_is_cheap(act) ? GA_CPU_GRAIN : GA_CPU_GRAIN / 8;
     ga_parallel_for(numel, grain, act_backward_range, &job);
     return ga_ok();
 }

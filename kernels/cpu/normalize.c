@@ -57,22 +57,24 @@ static ga_status check(const ga_normalize_desc *d)
 /* ------------------------------------------------------ table lookup */
 
 /* Elements of one size at a time, so the copies compile to plain moves. */
-#define GA_NORMALIZE_PIXELS(TYPE)                                      \
-    do {                                                               \
-        const TYPE *lut = (const TYPE *)job->table;                    \
-        TYPE *dst = (TYPE *)out;                                       \
-        if (job->d->nchw) {                                            \
-            for (int64_t ch = 0; ch < c; ch++) {                       \
-                const TYPE *row = lut + ch * 256;                      \
-                TYPE *plane = dst + ch * hw;                           \
-                for (int64_t p = p0; p < p1; p++)                      \
-                    plane[p] = row[src[p * c + ch]];                   \
-            }                                                          \
-        } else {                                                       \
-            for (int64_t p = p0; p < p1; p++)                          \
-                for (int64_t ch = 0; ch < c; ch++)                     \
-                    dst[p * c + ch] = lut[ch * 256 + src[p * c + ch]]; \
-        }                                                              \
+#define GA_NORMALIZE_PIXELS(TYPE)                                            \
+    do {                                                                     \
+        const TYPE *lut = (const TYPE *)job->table;                          \
+        TYPE *dst = (TYPE *)out;                                             \
+        /* element (p, ch) of the source: channels last, or first */         \
+        int64_t ps = job->d->src_chw ? 1 : c, cs = job->d->src_chw ? hw : 1; \
+        if (job->d->nchw) {                                                  \
+            for (int64_t ch = 0; ch < c; ch++) {                             \
+                const TYPE *row = lut + ch * 256;                            \
+                TYPE *plane = dst + ch * hw;                                 \
+                for (int64_t p = p0; p < p1; p++)                            \
+                    plane[p] = row[src[p * ps + ch * cs]];                   \
+            }                                                                \
+        } else {                                                             \
+            for (int64_t p = p0; p < p1; p++)                                \
+                for (int64_t ch = 0; ch < c; ch++)                           \
+                    dst[p * c + ch] = lut[ch * 256 + src[p * ps + ch * cs]]; \
+        }                                                                    \
     } while (0)
 
 /* Pixels [p0, p1) of one image (src: its first pixel; out: its output). */
@@ -259,6 +261,8 @@ static void plan_vectors(normalize_job *job)
 #if GA_HAVE_AVX2_NORMALIZE
     const ga_normalize_desc *d = job->d;
     if (!(!d->nchw || d->c == 1 || d->c == 3) || !cpu_has_avx2())
+        return;
+    if (d->src_chw && d->c != 1) /* the table lookup reads planes */
         return;
     for (int64_t ch = 0; ch < d->c; ch++)
         if (!isfinite((float)d->scale[ch]) || !isfinite((float)d->shift[ch]) ||

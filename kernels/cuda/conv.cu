@@ -5,7 +5,7 @@
  * The work goes to cuDNN's graph (backend) API (cudnn_graph.cuh: the
  * descriptors, handles and plan search any graph uses; this file describes
  * convolutions and picks routes).  Each call describes its problem as an
- * operation graph — conv fprop [-> add bias] [-> relu/gelu]
+ * operation graph — conv fprop [-> add bias] [-> activation]
  * for forward, one dgrad or wgrad operation for the backward ops — and
  * runs an execution plan for it.  Plans are chosen once per problem, like
  * torch.backends.cudnn.benchmark, but the choice is also handed to the
@@ -13,14 +13,18 @@
  * rebuild exactly that engine configuration without timing again.
  *
  * Routes, tried in this order until one works:
- *   graph    the requested graph (the fused one when there is an epilogue);
+ *   graph    the requested graph (the fused one when there is an epilogue;
+ *            its activation one of cuDNN's pointwise modes: RELU_FWD,
+ *            GELU_FWD (erf), GELU_APPROX_TANH_FWD, SWISH_FWD (beta 1: silu),
+ *            SIGMOID_FWD — cuDNN has none for hardswish, whose layers start
+ *            at the next route);
  *   split    (bias and an activation) conv + bias as the graph, into the
  *            pre-activation (or y), then the activation by
  *            ga_cuda_bias_activation: conv -> add -> act fuses only on
- *            runtime-fusion engines for GELU (cuDNN's conv-bias-activation
- *            engines know ReLU and identity), while conv -> add fuses on as
- *            many engines as the conv alone — and a saved pre-activation is
- *            written once either way;
+ *            runtime-fusion engines for anything but ReLU (cuDNN's
+ *            conv-bias-activation engines know ReLU and identity), while
+ *            conv -> add fuses on as many engines as the conv alone — and a
+ *            saved pre-activation is written once either way;
  *   unfused  conv-only graph into y, then ga_cuda_bias_activation (fused
  *            graphs need runtime-fusion engines, which many layouts,
  *            dtypes and GPUs lack);
@@ -125,6 +129,14 @@ struct Problem {
 bool has_epilogue(const Problem &p)
 {
     return p.op == GA_CONV_FWD && (p.has_bias || p.act != GA_ACT_NONE);
+}
+
+/* Whether the epilogue can be one graph with the convolution: cuDNN has a
+ * pointwise mode for its activation (it has none for hardswish). */
+bool fusable(const Problem &p)
+{
+    cudnnPointwiseMode_t mode;
+    return has_epilogue(p) && (p.act == GA_ACT_NONE || activation_mode(p.act, &mode));
 }
 
 /* Whether the split route applies: a bias for the graph and an
@@ -452,8 +464,9 @@ ga_status build_graph(cudnnHandle_t handle, const Problem &p, GraphKind kind,
             ops.push_back(op);
         }
         if (act) {
-            cudnnPointwiseMode_t mode = p.act == GA_ACT_RELU ? CUDNN_POINTWISE_RELU_FWD
-                                                             : CUDNN_POINTWISE_GELU_APPROX_TANH_FWD;
+            cudnnPointwiseMode_t mode;
+            if (!ga_cudnn::activation_mode(p.act, &mode))
+                return GA_CUDNN_UNSUPPORTED("cuDNN has no pointwise mode for this activation");
             GA_TRY_STATUS(add_pointwise(*g, compute_type(p.dtype), mode, z, nullptr, y, &op));
             ops.push_back(op);
         }
@@ -648,7 +661,15 @@ ga_status tune(cudnnHandle_t handle, cudaStream_t s, const Problem &p, const cha
      * (runtime fusion is not everywhere); what else went wrong on the way
      * is reported as itself. */
     bool fused_refused = has_pref && (pref_route == ROUTE_UNFUSED || pref_route == ROUTE_SPLIT);
-    if (fused && !fused_refused) {
+    if (fused && !fusable(p)) {
+        /* a documented limit, not a refusal: counted, never warned about */
+        char text[160];
+        snprintf(text, sizeof text,
+                 "cuDNN has no pointwise mode for %s: the convolution (and bias) ran in cuDNN, "
+                 "the activation in gpuaccel's kernel",
+                 ga_activation_name(p.act));
+        e->why.keep(GA_FALLBACK_EPILOGUE, kNoStatus, text);
+    } else if (fused && !fused_refused) {
         GA_TRY_STATUS(attempt(GRAPH_FUSED, ROUTE_GRAPH, GA_FALLBACK_NOT_SUPPORTED));
     } else if (fused) {
         e->why.keep(GA_FALLBACK_NOT_SUPPORTED, kNoStatus,

@@ -257,6 +257,18 @@ ga_status add_tensor(Graph &g, int64_t uid, cudnnDataType_t type, int ndim, cons
     return ga_ok();
 }
 
+bool activation_mode(ga_activation act, cudnnPointwiseMode_t *mode)
+{
+    switch (act) {
+    case GA_ACT_RELU: *mode = CUDNN_POINTWISE_RELU_FWD; return true;
+    case GA_ACT_GELU: *mode = CUDNN_POINTWISE_GELU_FWD; return true;
+    case GA_ACT_GELU_TANH: *mode = CUDNN_POINTWISE_GELU_APPROX_TANH_FWD; return true;
+    case GA_ACT_SILU: *mode = CUDNN_POINTWISE_SWISH_FWD; return true;
+    case GA_ACT_SIGMOID: *mode = CUDNN_POINTWISE_SIGMOID_FWD; return true;
+    default: return false;
+    }
+}
+
 ga_status add_pointwise(Graph &g, cudnnDataType_t precision, cudnnPointwiseMode_t mode,
                         cudnnBackendDescriptor_t in, cudnnBackendDescriptor_t b,
                         cudnnBackendDescriptor_t out, cudnnBackendDescriptor_t *op_out)
@@ -265,6 +277,11 @@ ga_status add_pointwise(Graph &g, cudnnDataType_t precision, cudnnPointwiseMode_
     GA_TRY_STATUS(make_desc(CUDNN_BACKEND_POINTWISE_DESCRIPTOR, &pw));
     GA_SET(pw.get(), CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, 1, &mode);
     GA_SET(pw.get(), CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, 1, &precision);
+    if (mode == CUDNN_POINTWISE_SWISH_FWD || mode == CUDNN_POINTWISE_SWISH_BWD) {
+        /* swish(x) = x sigmoid(beta x): beta 1 is silu (set as the frontend does, a double) */
+        double beta = 1.0;
+        GA_SET(pw.get(), CUDNN_ATTR_POINTWISE_SWISH_BETA, CUDNN_TYPE_DOUBLE, 1, &beta);
+    }
     GA_FINALIZE(pw.get());
     cudnnBackendDescriptor_t pw_raw = pw.get();
     g.parts.push_back(std::move(pw));

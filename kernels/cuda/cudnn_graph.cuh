@@ -198,8 +198,13 @@ struct Graph {
 ga_status add_tensor(Graph &g, int64_t uid, cudnnDataType_t type, int ndim, const int64_t *dims,
                      const int64_t *strides, int64_t align, bool is_virtual,
                      cudnnBackendDescriptor_t *out);
+/* cuDNN's forward pointwise mode for an activation (kernels/activation.h's
+ * definition: SWISH_FWD with beta 1 is silu, GELU_FWD the erf form);
+ * false for one it has none for (hardswish), which then runs as gpuaccel's
+ * own kernel after the graph. */
+bool activation_mode(ga_activation act, cudnnPointwiseMode_t *mode);
 /* out = mode(in), or out = mode(in, b) for binary modes (b null for unary
- * ones), computed in `precision`. */
+ * ones), computed in `precision`; the swish modes get beta 1 (silu). */
 ga_status add_pointwise(Graph &g, cudnnDataType_t precision, cudnnPointwiseMode_t mode,
                         cudnnBackendDescriptor_t in, cudnnBackendDescriptor_t b,
                         cudnnBackendDescriptor_t out, cudnnBackendDescriptor_t *op_out);

@@ -1,7 +1,7 @@
 /*
  * fallback.h — the CUDA backend's own kernels behind its library calls:
- * what ga_cuda_matmul runs when cuBLASLt cannot run a call fused
- * (matmul_unfused.cu), and the direct route of ga_cuda_conv2d_* when cuDNN
+ * what ga_cuda_matmul runs when cuBLASLt cannot run a call fused, or runs
+ * only its GEMM and bias (matmul_unfused.cu), and the direct route of ga_cuda_conv2d_* when cuDNN
  * cannot (conv_direct.cu).  They need neither library, so the simulator
  * build (kernels/sim/sim.c), which has neither, runs them for every matmul and
  * conv, and tests/test_kernels_on_cpu.py calls them.  Plain C.
@@ -24,6 +24,12 @@ ga_status ga_cuda_matmul_check(const ga_matmul_desc *desc);
  * epilogue.cu's kernels for everything the descriptor asks after it. */
 ga_status ga_cuda_matmul_unfused(int device, const ga_matmul_desc *desc, int gemm_done,
                                  ga_stream stream);
+
+/* D[b] = act(Z[b]) elementwise (Z and D of one shape, any strides; Z may
+ * be D itself): the second half of ga_cuda_matmul's split route, after a
+ * GEMM (+ bias) wrote the pre-activation Z. */
+ga_status ga_cuda_matmul_activation(int device, const ga_matrix *z, const ga_matrix *d,
+                                    int64_t batch, ga_activation act, ga_stream stream);
 
 /* ga_cuda_conv2d_* with the same checks, always by the direct kernels. */
 ga_status ga_cuda_conv2d_forward_direct(int device, const ga_conv_desc *desc, ga_stream stream);

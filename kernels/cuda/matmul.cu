@@ -9,16 +9,26 @@
  *   - our col_sums (sum of D over rows) are its BGRAD of the output (DGELU_BGRAD),
  *   - our a_row_sums (sum over k of A) are its BGRADB (sum over k of its B).
  *
- * Three ways to run, tried in this order; the first that can express the
- * call runs it, and matmul_stats() counts the unfused ones as fallbacks:
+ * Four ways to run, tried in this order; the first that can express the
+ * call runs it, and matmul_stats() counts all but the first as fallbacks:
  *   1. fused: one cuBLASLt call with the epilogue (BIAS, RELU(_BIAS),
- *      GELU(_AUX)(_BIAS), DGELU(_BGRAD), BGRADB);
- *   2. unfused: a plain cuBLASLt GEMM into D, then epilogue.cu's kernels
+ *      GELU(_AUX)(_BIAS) — tanh-GELU, DGELU(_BGRAD), BGRADB);
+ *   2. split, for an activation cuBLASLt's epilogues do not have (the
+ *      exact erf GELU, silu, hardswish, sigmoid; relu when its
+ *      pre-activation is kept, which RELU_AUX keeps only as a bit mask):
+ *      the GEMM and its bias in one cuBLASLt call (BIAS epilogue) writing
+ *      the pre-activation z once — into preact when it is kept, else into
+ *      D — then epilogue.cu's activation kernel, D = act(z).  cuDNN's graph
+ *      API could fuse these into a runtime-compiled matmul kernel, but it
+ *      compiles one per shape (NVRTC, at every new batch or sequence
+ *      length) and needs a warm-up before CUDA-graph capture; cuBLASLt
+ *      needs neither, and the split costs one more pass over z;
+ *   3. unfused: a plain cuBLASLt GEMM into D, then epilogue.cu's kernels
  *      (bias + activation, activation gradient + column sums, row sums of A)
  *      — when cuBLASLt has no algorithm for the fused epilogue (alignment,
  *      an aux leading dimension, relu's pre-activation, which cuBLASLt
  *      only keeps as a bit mask, ...);
- *   3. generic: a tiled CUDA kernel for any strides, any float dtype and a
+ *   4. generic: a tiled CUDA kernel for any strides, any float dtype and a
  *      K of zero, then the same epilogue kernels — when cuBLASLt cannot
  *      describe the layout at all (no unit stride, negative strides).
  * A valid input therefore never ends in CUBLAS_STATUS_NOT_SUPPORTED.  The
@@ -155,7 +165,11 @@ uint32_t alignment_of(const void *p)
  *     a bit mask), DRELU (it wants that mask), a per-batch bias gradient;
  *   - determinism: the BGRAD epilogues reduce inside cuBLASLt, which does
  *     not document them as deterministic, so set_deterministic(True) sums
- *     with epilogue.cu's fixed-order reduction instead. */
+ *     with epilogue.cu's fixed-order reduction instead;
+ *   - accuracy: cuBLASLt's GELU and DGELU epilogues are not float64-exact
+ *     (measured on an H200: 2.5e-10 off on values of order 1, where a
+ *     float64 GELU is within 1e-15), so float64 GELUs run in gpuaccel's
+ *     kernel, in float64. */
 ga_fallback_reason fused_epilogue(const ga_matmul_desc *desc, cublasLtEpilogue_t *out)
 {
     bool bias = desc->bias != NULL, preact = desc->preact.data != NULL;
@@ -168,8 +182,8 @@ ga_fallback_reason fused_epilogue(const ga_matmul_desc *desc, cublasLtEpilogue_t
         *out = CUBLASLT_EPILOGUE_BGRADB;
         return GA_FALLBACK_NONE;
     }
-    if (desc->dact == GA_ACT_GELU) {
-        if (desc->dact_aux.dtype != d_type)
+    if (desc->dact == GA_ACT_GELU_TANH) {
+        if (desc->dact_aux.dtype != d_type || d_type == GA_FLOAT64)
             return GA_FALLBACK_EPILOGUE;
         if (desc->col_sums) {
             /* cuBLASLt's bias gradient is per batch (BIAS_BATCH_STRIDE),
@@ -197,7 +211,9 @@ ga_fallback_reason fused_epilogue(const ga_matmul_desc *desc, cublasLtEpilogue_t
             return GA_FALLBACK_EPILOGUE; /* RELU_AUX keeps a bit mask, not z */
         *out = bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU;
         return GA_FALLBACK_NONE;
-    case GA_ACT_GELU:
+    case GA_ACT_GELU_TANH:
+        if (d_type == GA_FLOAT64)
+            return GA_FALLBACK_EPILOGUE; /* not float64-accurate in cuBLASLt */
         if (preact) {
             if (desc->preact.dtype != d_type)
                 return GA_FALLBACK_EPILOGUE;
@@ -206,8 +222,53 @@ ga_fallback_reason fused_epilogue(const ga_matmul_desc *desc, cublasLtEpilogue_t
             *out = bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
         }
         return GA_FALLBACK_NONE;
+    default: return GA_FALLBACK_EPILOGUE; /* cuBLASLt's epilogues know relu and tanh-GELU only */
     }
-    return GA_FALLBACK_EPILOGUE;
+}
+
+/* The split route (see the top of the file) for a descriptor whose forward
+ * epilogue cuBLASLt cannot fuse: false when it does not apply (no
+ * activation, a backward epilogue, a bias of another dtype than D's);
+ * else *z_desc is the GEMM + bias part, writing z into preact (kept) or D,
+ * with its epilogue, and *why says why the activation runs apart. */
+bool split_epilogue(const ga_matmul_desc *desc, ga_matmul_desc *z_desc, cublasLtEpilogue_t *out,
+                    const char **why)
+{
+    if (desc->activation == GA_ACT_NONE || desc->dact != GA_ACT_NONE || desc->col_sums ||
+        desc->a_row_sums || (desc->bias && desc->bias_dtype != desc->d.dtype))
+        return false;
+    *z_desc = *desc;
+    z_desc->activation = GA_ACT_NONE;
+    if (desc->preact.data)
+        z_desc->d = desc->preact;
+    memset(&z_desc->preact, 0, sizeof z_desc->preact);
+    *out = desc->bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+    switch (desc->activation) {
+    case GA_ACT_RELU:
+        *why = desc->preact.data
+                   ? "cuBLASLt keeps relu's pre-activation only as a bit mask (RELU_AUX): GEMM + "
+                     "bias in cuBLASLt into the pre-activation, then gpuaccel's relu kernel "
+                     "(split route)"
+                   : "cuBLASLt refused its relu epilogue here: GEMM + bias in cuBLASLt, then "
+                     "gpuaccel's relu kernel (split route)";
+        break;
+    case GA_ACT_GELU:
+        *why = "cuBLASLt's GELU epilogues are the tanh approximation: GEMM + bias in cuBLASLt, "
+               "then gpuaccel's exact (erf) GELU kernel (split route)";
+        break;
+    case GA_ACT_GELU_TANH:
+        *why = desc->d.dtype == GA_FLOAT64
+                   ? "cuBLASLt's tanh-GELU epilogue is not float64-accurate: GEMM + bias in "
+                     "cuBLASLt, then gpuaccel's tanh-GELU kernel in float64 (split route)"
+                   : "cuBLASLt refused its tanh-GELU epilogue here: GEMM + bias in cuBLASLt, then "
+                     "gpuaccel's tanh-GELU kernel (split route)";
+        break;
+    default:
+        *why = "cuBLASLt has no epilogue for this activation (relu and tanh-GELU only): GEMM + "
+               "bias in cuBLASLt, then gpuaccel's activation kernel (split route)";
+        break;
+    }
+    return true;
 }
 
 const char *epilogue_name(cublasLtEpilogue_t e)
@@ -643,12 +704,38 @@ extern "C" ga_status ga_cuda_matmul(int device, const ga_matmul_desc *desc, void
          * from: the generic kernel follows */
         plan->report(&rep, epilogue == CUBLASLT_EPILOGUE_DEFAULT ? GA_FALLBACK_NO_ENGINE
                                                                  : GA_FALLBACK_NONE);
-    } else {
+    }
+    /* 2. split: cuBLASLt's GEMM + bias into z, then the activation (also
+     * when the fused call was refused: BIAS runs where GELU_AUX may not) */
+    ga_matmul_desc z_desc;
+    const char *split_why = nullptr;
+    if (!k_zero && split_epilogue(desc, &z_desc, &epilogue, &split_why)) {
+        ga_op_report_fallback(&rep, why, 0, why == GA_FALLBACK_EPILOGUE ? split_why : nullptr);
+        if (describe(&z_desc, epilogue, &c)) {
+            int hit = 0;
+            std::shared_ptr<LtPlan> plan;
+            GA_TRY_STATUS(
+                lt_matmul(device, &z_desc, c, workspace, workspace_size, s, &done, &hit, &plan));
+            if (done) {
+                GA_TRY_STATUS(ga_cuda_matmul_activation(device, &z_desc.d, &desc->d, desc->batch,
+                                                        desc->activation, stream));
+                rep.fallback = 1;
+                rep.cache_hit = hit;
+                ga_op_report_fallback(&rep, GA_FALLBACK_EPILOGUE, 0, split_why);
+                if (report)
+                    *report = rep;
+                return ga_ok();
+            }
+            plan->report(&rep, GA_FALLBACK_NONE);
+        } else {
+            ga_op_report_fallback(&rep, GA_FALLBACK_LAYOUT, 0, nullptr);
+        }
+    } else if (why != GA_FALLBACK_NONE) {
         ga_op_report_fallback(&rep, why, 0, nullptr);
     }
     bool has_epilogue = desc->bias || desc->activation != GA_ACT_NONE || desc->preact.data ||
                         desc->dact != GA_ACT_NONE || desc->col_sums || desc->a_row_sums;
-    /* 2. plain cuBLASLt GEMM, 3. the generic kernel; then epilogue.cu */
+    /* 3. plain cuBLASLt GEMM, 4. the generic kernel; then epilogue.cu */
     if (has_epilogue && !k_zero && describe(desc, CUBLASLT_EPILOGUE_DEFAULT, &c)) {
         int hit = 0;
         std::shared_ptr<LtPlan> plan;

@@ -2,8 +2,9 @@
  * matmul_unfused.cu — the unfused paths of ga_cuda_matmul (matmul.cu): a
  * tiled GEMM for any strides, any float dtype and a K of zero, and the
  * epilogue applied to D after a plain GEMM by epilogue.cu's kernels (bias +
- * activation, activation gradient + column sums, row sums of A).  No
- * cuBLASLt here (see fallback.h).
+ * activation, activation gradient + column sums, row sums of A); and the
+ * activation after the split route's GEMM + bias.  No cuBLASLt here (see
+ * fallback.h).
  */
 #include <stdint.h>
 #include <string.h>
@@ -234,6 +235,20 @@ ga_status zero_vector(int device, void *data, ga_dtype dtype, int64_t n, cudaStr
 extern "C" ga_status ga_cuda_matmul_check(const ga_matmul_desc *desc)
 {
     return validate(desc);
+}
+
+extern "C" ga_status ga_cuda_matmul_activation(int device, const ga_matrix *z, const ga_matrix *d,
+                                               int64_t batch, ga_activation act, ga_stream stream)
+{
+    ga_bias_act_desc fw;
+    memset(&fw, 0, sizeof fw);
+    fw.x = as_tensor(*z, batch);
+    fw.y = as_tensor(*d, batch);
+    fw.bias_dtype = d->dtype;
+    fw.channel_dim = 2;
+    fw.activation = act;
+    GA_WITH_DEVICE(device);
+    return ga_cuda_bias_activation(device, &fw, stream);
 }
 
 extern "C" ga_status ga_cuda_matmul_unfused(int device, const ga_matmul_desc *desc, int gemm_done,

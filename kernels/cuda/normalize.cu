@@ -34,7 +34,8 @@ __global__ void normalize_kernel(ga_normalize_desc d, int64_t total)
             pixel = rest / d.c;
             ch = rest - pixel * d.c;
         }
-        uint8_t x = d.src[(image * hw + pixel) * d.c + ch];
+        uint8_t x = d.src_chw ? d.src[(image * d.c + ch) * hw + pixel]
+                              : d.src[(image * hw + pixel) * d.c + ch];
         ga_value v;
         v.is_float = 1;
         v.i = 0;

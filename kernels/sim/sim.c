@@ -1067,3 +1067,96 @@ ga_status ga_cuda_logger_reset_window(int device, void *state, int max_metrics, 
     pthread_mutex_unlock(&sim_lock);
     return status;
 }
+
+ga_status ga_cuda_resize_images(int device, const ga_resize_job *jobs, int n, ga_stream stream)
+{
+    ga_status status = ga_ok();
+    for (int k = 0; k < n && !status.error; k++) {
+        const ga_resize_job *job = &jobs[k];
+        size_t src_bytes = (size_t)(job->src_pitch * job->src_h);
+        size_t dst_bytes = (size_t)(job->g.out_h * job->g.out_w * 3);
+        sim_operand ops[] = {bytes_operand(job->src, src_bytes, 0),
+                             bytes_operand(job->dst, dst_bytes, 1)};
+        pthread_mutex_lock(&sim_lock);
+        status = launch(device, stream, ops, 2);
+        if (!status.error)
+            status = ga_sim_kernel_resize_images(device, job, 1, stream);
+        pthread_mutex_unlock(&sim_lock);
+    }
+    return status;
+}
+
+/* ----------------------------------------------------------- nvJPEG
+ *
+ * nvJPEG does not run here: its stand-in decodes each image on the CPU
+ * (libjpeg-turbo, at full size) straight into the simulated device
+ * buffer, after checking that buffer's stream order like a kernel's
+ * output.  So the loader's decode="gpu" path (file reads, device buffers,
+ * the resize and normalize kernels, the copy stream's events) runs and is
+ * checked; nvJPEG's own behaviour needs a GPU. */
+
+struct ga_jpeg_decoder {
+    int device;
+    ga_image_workspace *ws;
+};
+
+int ga_cuda_nvjpeg_available(void)
+{
+    return ga_cpu_jpeg_available();
+}
+
+const char *ga_cuda_nvjpeg_version(void)
+{
+    return ga_cpu_jpeg_available() ? "simulated (libjpeg-turbo on the CPU)" : "";
+}
+
+ga_status ga_cuda_jpeg_decoder_create(int device, ga_jpeg_decoder **out, int *hardware)
+{
+    if (!ga_cpu_jpeg_available())
+        return GA_STATUS(GA_ERR_NOT_SUPPORTED, "the simulator's nvJPEG stands on libjpeg-turbo, "
+                                               "which this build lacks");
+    ga_jpeg_decoder *d = calloc(1, sizeof *d);
+    if (!d || !(d->ws = ga_cpu_image_workspace_new())) {
+        free(d);
+        return GA_STATUS(GA_ERR_HOST_OUT_OF_MEMORY, "no memory for a JPEG decoder");
+    }
+    d->device = device;
+    *hardware = 0;
+    *out = d;
+    return ga_ok();
+}
+
+void ga_cuda_jpeg_decoder_destroy(ga_jpeg_decoder *d)
+{
+    if (d) {
+        ga_cpu_image_workspace_free(d->ws);
+        free(d);
+    }
+}
+
+ga_status ga_cuda_jpeg_image_size(ga_jpeg_decoder *d, const uint8_t *data, size_t size,
+                                  int64_t *width, int64_t *height)
+{
+    return ga_cpu_image_size(data, size, width, height, d->ws);
+}
+
+ga_status ga_cuda_decode_jpegs(ga_jpeg_decoder *d, int n, const uint8_t *const *data,
+                               const size_t *sizes, uint8_t *const *dst, const int64_t *widths,
+                               const int64_t *heights, int *bad, ga_stream stream)
+{
+    for (int i = 0; i < n; i++) {
+        sim_operand ops[] = {bytes_operand(dst[i], (size_t)(widths[i] * heights[i] * 3), 1)};
+        pthread_mutex_lock(&sim_lock);
+        ga_status status = launch(d->device, stream, ops, 1);
+        pthread_mutex_unlock(&sim_lock);
+        if (status.error)
+            return status;
+        /* the whole image at its own size: a resize to the same size */
+        ga_image_transform full;
+        memset(&full, 0, sizeof full);
+        full.out_h = full.resize_h = heights[i];
+        full.out_w = full.resize_w = widths[i];
+        bad[i] = ga_cpu_decode_image(data[i], sizes[i], &full, 0, dst[i], d->ws, NULL).error != 0;
+    }
+    return ga_ok();
+}

@@ -18,7 +18,7 @@
  * case.txt, one directive per line:
  *   op NAME                        copy fill bias_act act_backward matmul
  *                                  conv_fwd conv_bwd_data conv_bwd_filter
- *                                  normalize logger_update logger_reset
+ *                                  normalize logger_update logger_reset resize
  *                                  selftest
  *   sides cuda [cpu]               which sides run (default both)
  *   buffer NAME BYTES
@@ -396,6 +396,28 @@ ga_status selftest(const Side &s)
                           "cudacpu_selftest", __FILE__, __LINE__);
 }
 
+ga_matmul_desc matmul_desc(const Side &s)
+{
+    ga_matmul_desc d;
+    memset(&d, 0, sizeof d);
+    d.batch = s.integer("batch", 1);
+    d.a = s.matrix("a");
+    d.b = s.matrix("b");
+    d.d = s.matrix("d");
+    d.bias = s.ptr("bias");
+    d.bias_dtype = s.dtype("bias_dtype");
+    d.activation = (ga_activation)s.integer("activation");
+    d.preact = s.matrix("preact");
+    d.dact = (ga_activation)s.integer("dact");
+    d.dact_aux = s.matrix("dact_aux");
+    d.col_sums = s.ptr("col_sums");
+    d.col_sums_dtype = s.dtype("col_sums_dtype");
+    d.a_row_sums = s.ptr("a_row_sums");
+    d.a_row_sums_dtype = s.dtype("a_row_sums_dtype");
+    d.deterministic = 1;
+    return d;
+}
+
 /* The call of `op` on one side. */
 ga_status run(const std::string &op, const Side &s, bool cuda)
 {
@@ -439,27 +461,27 @@ ga_status run(const std::string &op, const Side &s, bool cuda)
                     : ga_cpu_activation_backward(&d);
     }
     if (op == "matmul") {
-        ga_matmul_desc d;
-        memset(&d, 0, sizeof d);
-        d.batch = s.integer("batch", 1);
-        d.a = s.matrix("a");
-        d.b = s.matrix("b");
-        d.d = s.matrix("d");
-        d.bias = s.ptr("bias");
-        d.bias_dtype = s.dtype("bias_dtype");
-        d.activation = (ga_activation)s.integer("activation");
-        d.preact = s.matrix("preact");
-        d.dact = (ga_activation)s.integer("dact");
-        d.dact_aux = s.matrix("dact_aux");
-        d.col_sums = s.ptr("col_sums");
-        d.col_sums_dtype = s.dtype("col_sums_dtype");
-        d.a_row_sums = s.ptr("a_row_sums");
-        d.a_row_sums_dtype = s.dtype("a_row_sums_dtype");
-        d.deterministic = 1;
+        ga_matmul_desc d = matmul_desc(s);
         if (!cuda)
             return ga_cpu_matmul(&d);
         GA_TRY_STATUS(ga_cuda_matmul_check(&d));
         return ga_cuda_matmul_unfused(device, &d, 0, stream);
+    }
+    if (op == "matmul_split") {
+        /* matmul.cu's split route: the GEMM and its bias into the
+         * pre-activation z (kept) or D — cuBLASLt's half, done here by the
+         * generic kernel — then D = act(z) */
+        ga_matmul_desc d = matmul_desc(s);
+        if (!cuda)
+            return ga_cpu_matmul(&d);
+        GA_TRY_STATUS(ga_cuda_matmul_check(&d));
+        ga_matmul_desc z = d;
+        z.activation = GA_ACT_NONE;
+        if (d.preact.data)
+            z.d = d.preact;
+        memset(&z.preact, 0, sizeof z.preact);
+        GA_TRY_STATUS(ga_cuda_matmul_unfused(device, &z, 0, stream));
+        return ga_cuda_matmul_activation(device, &z.d, &d.d, d.batch, d.activation, stream);
     }
     if (op == "conv_fwd") {
         ga_conv_desc d;
@@ -496,11 +518,37 @@ ga_status run(const std::string &op, const Side &s, bool cuda)
         d.w = s.integer("w");
         d.c = s.integer("c");
         d.nchw = (int)s.integer("nchw");
+        d.src_chw = (int)s.integer("src_chw");
         for (int64_t ch = 0; ch < d.c && ch < GA_NORMALIZE_MAX_CHANNELS; ch++) {
             d.scale[ch] = s.real("scale", (size_t)ch);
             d.shift[ch] = s.real("shift", (size_t)ch);
         }
         return cuda ? ga_cuda_normalize_images(device, &d, stream) : ga_cpu_normalize_images(&d);
+    }
+    if (op == "resize") {
+        ga_resize_job job;
+        memset(&job, 0, sizeof job);
+        job.src = (const uint8_t *)s.ptr("src");
+        job.src_h = s.integer("src_h");
+        job.src_w = s.integer("src_w");
+        job.src_pitch = s.integer("src_pitch");
+        job.dst = (uint8_t *)s.ptr("dst");
+        ga_image_geometry &g = job.g;
+        g.out_h = s.integer("out", 0, 0), g.out_w = s.integer("out", 0, 1);
+        g.y0 = s.integer("placed", 0, 0), g.x0 = s.integer("placed", 0, 1);
+        g.ny = s.integer("placed", 0, 2), g.nx = s.integer("placed", 0, 3);
+        g.flip = (int)s.integer("flip");
+        g.ry.origin = s.real("ry", 0), g.ry.scale = s.real("ry", 1);
+        g.ry.lo = s.integer("ry_span", 0, 0), g.ry.hi = s.integer("ry_span", 0, 1);
+        g.rx.origin = s.real("rx", 0), g.rx.scale = s.real("rx", 1);
+        g.rx.lo = s.integer("rx_span", 0, 0), g.rx.hi = s.integer("rx_span", 0, 1);
+        if (cuda)
+            return ga_cuda_resize_images(device, &job, 1, stream);
+        ga_image_workspace *ws = ga_cpu_image_workspace_new();
+        ga_status st =
+            ga_cpu_resize_image(job.src, job.src_h, job.src_w, job.src_pitch, &g, job.dst, ws);
+        ga_cpu_image_workspace_free(ws);
+        return st;
     }
     if (op == "logger_update") {
         ga_logger_update u;

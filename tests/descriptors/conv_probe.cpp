@@ -401,9 +401,7 @@ std::string probe_conv(const ProbeCase &c)
                   : op_name == "bwd_filter" ? GA_CONV_BWD_FILTER
                                             : GA_CONV_FWD;
     std::string act_name = c.text("act");
-    ga_activation act = act_name == "relu"   ? GA_ACT_RELU
-                        : act_name == "gelu" ? GA_ACT_GELU
-                                             : GA_ACT_NONE;
+    ga_activation act = activation_by_name(act_name);
     ga_conv_geometry g;
     memset(&g, 0, sizeof g);
     std::vector<int64_t> stride = c.integers("stride"), padding = c.integers("padding"),
@@ -424,10 +422,10 @@ std::string probe_conv(const ProbeCase &c)
     Problem p;
     init_problem(&p, op, &g, &x, &w, &y, bias, act, has_preact ? &preact : nullptr, ws, ws_size);
     o.boolean("eligible", p.eligible).boolean("nhwc", p.nhwc);
-    o.boolean("has_epilogue", has_epilogue(p));
+    o.boolean("has_epilogue", has_epilogue(p)).boolean("fusable", fusable(p));
     std::vector<std::string> graphs;
     graphs.push_back(graph_json(p, GRAPH_CONV));
-    if (has_epilogue(p))
+    if (fusable(p))
         graphs.push_back(graph_json(p, GRAPH_FUSED));
     if (can_split(p))
         graphs.push_back(graph_json(p, GRAPH_BIAS));

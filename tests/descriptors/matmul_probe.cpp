@@ -1,6 +1,7 @@
 /*
  * matmul_probe.cpp — kernels/cuda/matmul.cu's cuBLASLt descriptors, built
- * by its own code (fused_epilogue, describe, build_plan, make_matmul_desc)
+ * by its own code (fused_epilogue, split_epilogue, describe, build_plan,
+ * make_matmul_desc)
  * against the real cuBLASLt with no GPU and read back (see probe.h).
  *
  * build_plan sets every layout and preference attribute before it asks the
@@ -118,7 +119,7 @@ std::string call_json(const ga_matmul_desc &desc, cublasLtEpilogue_t epilogue, s
 
 ga_activation activation(const std::string &s)
 {
-    return s == "relu" ? GA_ACT_RELU : s == "gelu" ? GA_ACT_GELU : GA_ACT_NONE;
+    return activation_by_name(s);
 }
 
 } // namespace matmul_probe
@@ -154,6 +155,16 @@ std::string probe_matmul(const ProbeCase &c)
     o.integer("fallback_reason", (int64_t)why);
     if (fused)
         o.integer("epilogue", (int64_t)epilogue).raw("fused_call", call_json(desc, epilogue, ws));
+    ga_matmul_desc z_desc;
+    const char *split_why = nullptr;
+    bool split = split_epilogue(&desc, &z_desc, &epilogue, &split_why);
+    o.boolean("split", split);
+    if (split)
+        o.integer("split_epilogue", (int64_t)epilogue)
+            .integer("split_d", (int64_t)(uintptr_t)z_desc.d.data)
+            .boolean("split_keeps_activation", z_desc.activation != GA_ACT_NONE)
+            .string("split_why", split_why)
+            .raw("split_call", call_json(z_desc, epilogue, ws));
     o.raw("plain_call", call_json(desc, CUBLASLT_EPILOGUE_DEFAULT, ws));
     return o.str();
 }

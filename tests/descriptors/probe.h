@@ -56,6 +56,16 @@ class JsonObject
 std::string json_string(const std::string &s);
 std::string json_array(const std::vector<std::string> &items);
 
+/* An activation by the name the Python API takes (kernels.h's
+ * ga_activation_name); GA_ACT_NONE for any other word. */
+static inline ga_activation activation_by_name(const std::string &name)
+{
+    for (int a = GA_ACT_NONE; a < GA_ACT_COUNT; a++)
+        if (name == ga_activation_name((ga_activation)a))
+            return (ga_activation)a;
+    return GA_ACT_NONE;
+}
+
 /* A ga_status as JSON ("null" when it is ga_ok()). */
 std::string json_status(const ga_status &st);
 
