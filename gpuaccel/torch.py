@@ -1,16 +1,22 @@
-"""gpuaccel for torch: fused linear and conv2d layers.
+"""gpuaccel for torch: fused linear and conv2d layers, and fuse(model).
 
     import gpuaccel.torch as gt
     layer = gt.FusedLinear(1024, 4096, activation="gelu")   # nn.Linear + nn.GELU()
     conv = gt.FusedConv2d(64, 128, 3, padding=1, activation="relu")
+    model = gt.fuse(torchvision.models.resnet50().eval())   # every fusable pattern at once
 
-Two paths compute the same thing:
+Three paths compute the same thing:
 
 - eager (the training loop as written): a lean ``torch.autograd.Function``
   around gpuaccel's C core, which reads torch tensors through torch's DLPack
   C exchange API and queues its kernels on torch's current stream.  With no
   gradient to record (``torch.no_grad()``, or no input that requires one) the
   C core is called directly, with no autograd node at all.
+- torch.func (vmap, grad, jacrev, jvp, functional_call under a transform):
+  the same work in a ``setup_context`` Function with vmap and jvp rules.
+  The eager path does not use that form: torch binds a setup_context
+  Function's arguments to its signature with ``inspect`` on every call,
+  which would double the layer's host time.
 - traced (torch.compile, torch.export, torch.jit tracing, fake and meta
   tensors, tensor subclasses): the ``torch.library`` custom ops
   ``gpuaccel::linear`` / ``gpuaccel::conv2d`` with fake and autograd
@@ -18,14 +24,20 @@ Two paths compute the same thing:
   capture them.  Under ``torch.onnx.export`` the layers are written with
   torch's standard ops, which every ONNX runtime knows.
 
-Why two: a custom op's Python dispatch costs tens of µs per call, more than a
-small layer's whole host budget; the Function path costs a few µs.
+Why not one: a custom op's Python dispatch costs tens of µs per call, more
+than a small layer's whole host budget; the eager Function costs a few µs.
 
 On the CPU, above a size where torch's own kernels (oneDNN/MKL) beat
-gpuaccel's reference kernels, the eager path runs torch's kernels instead
-(``CPU_TORCH_THRESHOLD``, multiply-adds per call, by op): a fused layer is
-never slower than the torch layers it replaces.  gpuaccel's CPU kernels stay the tested reference and the
-path for small layers, NumPy and gpuaccel arrays.
+gpuaccel's reference kernels, every path runs torch's kernels instead
+(``CPU_TORCH_THRESHOLD``, multiply-adds per call, by op), compiled code
+included: a fused layer is never slower than the torch layers it replaces,
+and compiled and eager fused models run the same kernels.  gpuaccel's CPU
+kernels stay the tested reference and the path for small layers, NumPy and
+gpuaccel arrays.
+
+Gradients of gradients (``create_graph=True``) are computed with torch's
+differentiable ops from the saved inputs, so double backward works for every
+activation.
 
 Under ``torch.autocast`` the layers compute in the autocast dtype, as
 nn.Linear and nn.Conv2d do.  The modules take nn.Linear's / nn.Conv2d's
@@ -43,7 +55,8 @@ from torch import Tensor
 
 from . import _C
 
-__all__ = ["CPU_TORCH_THRESHOLD", "FusedConv2d", "FusedLinear", "fused_conv2d", "fused_linear"]
+__all__ = ["CPU_TORCH_THRESHOLD", "FuseReport", "FusedConv2d", "FusedConv2dBN", "FusedLinear", "fuse", "fused_conv2d",
+           "fused_linear"]
 
 # The activations by the names the layers take, each to its own name.  "gelu"
 # (nn.GELU()'s exact erf form) is not here: its first use in a process goes
@@ -80,7 +93,9 @@ _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 _is_compiling = torch.compiler.is_compiling
 _is_tracing = torch._C._is_tracing
+_transforms_active = torch._C._are_functorch_transforms_active
 _is_autocast = torch.is_autocast_enabled
+_any_autocast = torch._C._is_any_autocast_enabled
 _autocast_dtype = torch.get_autocast_dtype
 _grad_enabled = torch.is_grad_enabled
 
@@ -140,14 +155,6 @@ def _check_tensors(what, x, weight, bias):
         raise _not_a_tensor("bias", what, bias)
 
 
-def _traced(x, weight):
-    """True when the call must go through the custom ops: compiling,
-    exporting, jit tracing, or tensors that are not plain torch tensors
-    holding data (fake, meta, subclasses)."""
-    return (_is_compiling() or _is_tracing() or type(x) not in _PLAIN_TENSORS or
-            type(weight) not in _PLAIN_TENSORS or x.is_meta)
-
-
 def _autocast(x, weight, bias):
     """The inputs in the autocast dtype when autocast is on for x's device."""
     device = "cuda" if x.is_cuda else ("cpu" if x.is_cpu else x.device.type)
@@ -158,14 +165,29 @@ def _autocast(x, weight, bias):
             None if bias is None else bias.to(dtype))
 
 
-def _needs_grad(x, weight, bias):
-    return _grad_enabled() and (x.requires_grad or weight.requires_grad or
-                                (bias is not None and bias.requires_grad))
-
-
 def _torch_activation(y, activation):
     fn = _TORCH_ACTIVATION.get(activation)
     return y if fn is None else fn(y)
+
+
+def _torch_activation_grad(grad_y, aux, activation):
+    """grad_y * act'(z) with torch's own derivative ops, which torch can
+    differentiate again (double backward) and batch (vmap); aux as
+    _saved_aux gives it."""
+    if activation == "relu":
+        return torch.ops.aten.threshold_backward(grad_y, aux, 0)
+    if activation == "gelu":
+        return torch.ops.aten.gelu_backward(grad_y, aux)
+    if activation == "gelu_tanh":
+        return torch.ops.aten.gelu_backward(grad_y, aux, approximate="tanh")
+    if activation == "silu":  # written out: aten.silu_backward has no derivative of its own
+        s = torch.sigmoid(aux)
+        return grad_y * s * (1 + aux * (1 - s))
+    if activation == "hardswish":
+        return torch.ops.aten.hardswish_backward(grad_y, aux)
+    if activation == "sigmoid":
+        return torch.ops.aten.sigmoid_backward(grad_y, torch.sigmoid(aux))
+    return grad_y
 
 
 def _empty(like):
@@ -182,7 +204,7 @@ def _linear_forward(x, weight, bias, activation, keep_preactivation):
     activation's derivative reads it (relu's reads y; no activation reads
     nothing)."""
     y = x.new_empty((*x.shape[:-1], weight.shape[0]))
-    if activation in _SAVES_PREACTIVATION and keep_preactivation:
+    if keep_preactivation and activation in _SAVES_PREACTIVATION:
         z = torch.empty_like(y)
         _C.linear(x, weight, bias, _KERNEL_ACT[activation], out=y, save_preactivation=True, preactivation_out=z,
                   stream="torch")
@@ -205,29 +227,121 @@ def _linear_backward_into(grad_y, x, weight, aux, activation, need_x, need_w, ne
     return gx, gw, gb
 
 
-def _no_double_backward():
-    if _grad_enabled():
-        raise RuntimeError("gpuaccel's fused layers have no double backward (create_graph=True); "
-                           "use torch's layers for higher-order gradients")
+def _linear_backward_torch(grad_y, x, weight, bias, aux, activation, need_x, need_w, need_b):
+    """The backward with torch's differentiable ops: for gradients of
+    gradients (create_graph=True) and under torch.func's transforms, where
+    the tensors may be functorch's wrappers.  The pre-activation is computed
+    again from x, weight and bias, so that its own dependence on them is in
+    the graph (a saved copy would cut it)."""
+    if activation in _SAVES_PREACTIVATION and _grad_enabled():
+        aux = torch.nn.functional.linear(x, weight, bias)
+    grad_z = _torch_activation_grad(grad_y, aux, activation)
+    gx = grad_z.matmul(weight) if need_x else None
+    flat = grad_z.reshape(-1, grad_z.shape[-1]) if (need_w or need_b) else None
+    gw = flat.t().matmul(x.reshape(-1, x.shape[-1])) if need_w else None
+    gb = flat.sum(0) if need_b else None
+    return gx, gw, gb
 
 
 class _LinearFunction(torch.autograd.Function):
+    """The eager path (see the module's docstring for why ctx is set up in
+    forward rather than in setup_context).  Its bodies are written for host
+    time: one allocation per output, no helper calls."""
+
     @staticmethod
     def forward(ctx, x, weight, bias, activation):
-        y, z = _linear_forward(x, weight, bias, activation, True)
+        y = x.new_empty(*x.shape[:-1], weight.shape[0])  # sizes as arguments: torch parses them faster than a tuple
+        if activation in _SAVES_PREACTIVATION:
+            aux = torch.empty_like(y)
+            _C.linear(x, weight, bias, _KERNEL_ACT[activation], out=y, save_preactivation=True, preactivation_out=aux,
+                      stream="torch")
+        else:
+            _C.linear(x, weight, bias, _KERNEL_ACT[activation], out=y, stream="torch")
+            aux = None if activation == "none" else y
         ctx.activation = activation
-        ctx.has_bias = bias is not None
-        ctx.save_for_backward(x, weight, _saved_aux(activation, y, z))
+        ctx.bias = bias  # for a double backward only; not saved (a saved tensor costs host time in every step)
+        ctx.save_for_backward(x, weight, aux)
         return y
 
     @staticmethod
     def backward(ctx, grad_y):
-        _no_double_backward()
         x, weight, aux = ctx.saved_tensors
-        need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        gx, gw, gb = _linear_backward_into(grad_y, x, weight, aux, ctx.activation, need_x, need_w,
-                                           need_b and ctx.has_bias)
+        need_x, need_w, need_b, _ = ctx.needs_input_grad
+        if _grad_enabled():  # create_graph=True
+            gx, gw, gb = _linear_backward_torch(grad_y, x, weight, ctx.bias, aux, ctx.activation, need_x, need_w,
+                                                need_b)
+            return gx, gw, gb, None
+        gx = torch.empty_like(x, memory_format=torch.contiguous_format) if need_x else None
+        gw = torch.empty_like(weight, memory_format=torch.contiguous_format) if need_w else None
+        gb = torch.empty_like(ctx.bias) if need_b else None  # 1-D: contiguous
+        if need_x and need_w and need_b:  # the needs_*_grad defaults: each keyword costs the C parser time
+            _C.linear_backward(grad_y, x, weight, activation=_KERNEL_ACT[ctx.activation], preactivation=aux,
+                               out=(gx, gw, gb), stream="torch")
+        else:
+            _C.linear_backward(grad_y, x, weight, activation=_KERNEL_ACT[ctx.activation], preactivation=aux,
+                               needs_input_grad=need_x, needs_weight_grad=need_w, needs_bias_grad=need_b,
+                               out=(gx, gw, gb), stream="torch")
         return gx, gw, gb, None
+
+
+class _LinearTransformsFunction(torch.autograd.Function):
+    """The layer under torch.func's transforms: setup_context, a vmap rule
+    that keeps gpuaccel's kernel for a batch of inputs through one layer,
+    and a jvp rule (jvp, jacfwd, hessian).  The forward returns (y,
+    pre-activation or None)."""
+
+    @staticmethod
+    def forward(x, weight, bias, activation):
+        return _linear_forward(x, weight, bias, activation, True)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, weight, bias, activation = inputs
+        y, z = output
+        if z is not None:
+            ctx.mark_non_differentiable(z)
+        aux = _saved_aux(activation, y, z)
+        ctx.activation = activation
+        ctx.save_for_backward(x, weight, bias, aux)
+        ctx.save_for_forward(x, weight, aux)
+
+    @staticmethod
+    def backward(ctx, grad_y, grad_z):
+        x, weight, bias, aux = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        return (*_linear_backward_torch(grad_y, x, weight, bias, aux, ctx.activation, need_x, need_w, need_b),
+                None)
+
+    @staticmethod
+    def jvp(ctx, x_t, weight_t, bias_t, _):
+        x, weight, aux = ctx.saved_tensors
+        z_t = _tangent_sum(torch.nn.functional.linear(x_t, weight) if x_t is not None else None,
+                           torch.nn.functional.linear(x, weight_t) if weight_t is not None else None, bias_t)
+        return _torch_activation_grad(z_t, aux, ctx.activation), None
+
+    @staticmethod
+    def vmap(info, in_dims, x, weight, bias, activation):
+        x_dim, w_dim, b_dim, _ = in_dims
+        if w_dim is None and b_dim is None:  # one layer, a batch of inputs: one more leading dimension of x
+            y, z = _LinearTransformsFunction.apply(x.movedim(x_dim, 0), weight, bias, activation)
+            return (y, z), (0, None if z is None else 0)
+        # a batch of layers (an ensemble): torch's batched ops
+        keep_z = activation in _SAVES_PREACTIVATION
+
+        def one(x, weight, bias):
+            z = torch.nn.functional.linear(x, weight, bias)
+            return (_torch_activation(z, activation), z) if keep_z else _torch_activation(z, activation)
+
+        out = torch.vmap(one, in_dims=(x_dim, w_dim, b_dim), randomness=info.randomness)(x, weight, bias)
+        return (out if keep_z else (out, None)), ((0, 0) if keep_z else (0, None))
+
+
+def _tangent_sum(*tangents):
+    present = [t for t in tangents if t is not None]
+    total = present[0]
+    for t in present[1:]:
+        total = total + t
+    return total
 
 
 @torch.library.custom_op("gpuaccel::linear", mutates_args=())
@@ -280,30 +394,43 @@ def _linear_traced(x, weight, bias, activation):
     return _linear(x, weight, bias, activation)[0]
 
 
-def fused_linear(x, weight, bias=None, activation=None):
-    """act(x @ weight.T + bias) in one fused kernel (forward and backward);
-    x of shape (..., in_features), also 1-D.  activation: None, 'relu',
-    'gelu' (exact, as nn.GELU()), 'gelu_tanh' (nn.GELU(approximate='tanh')),
-    'silu', 'hardswish' or 'sigmoid'."""
-    return _linear_checked(x, weight, bias, _activation(activation))
-
-
-def _linear_checked(x, weight, bias, activation):
-    """fused_linear once its activation is parsed."""
-    _check_tensors("linear", x, weight, bias)
-    if _is_autocast("cuda" if x.is_cuda else "cpu"):
+def _linear_dispatch(x, weight, bias, activation):
+    """fused_linear with its activation normalized: the path for the call
+    (see the module's docstring), its checks ordered and inlined for the
+    eager path's host time."""
+    if (type(x) not in _PLAIN_TENSORS or type(weight) not in _PLAIN_TENSORS
+            or (bias is not None and type(bias) not in _PLAIN_TENSORS)):
+        _check_tensors("linear", x, weight, bias)  # a NumPy array or a list: one TypeError saying so
+    cuda = x.is_cuda
+    if _any_autocast() and _is_autocast("cuda" if cuda else "cpu"):
         x, weight, bias = _autocast(x, weight, bias)
-    if _traced(x, weight):
-        return _linear_traced(x, weight, bias, activation)
-    if not x.is_cuda and x.numel() * weight.shape[0] > CPU_TORCH_THRESHOLD["linear"]:
+    # torch's kernels above the CPU threshold whatever the path: eager,
+    # compiled (dynamo reads the sizes and the threshold and guards on them),
+    # exported, under torch.func
+    if not cuda and x.numel() * weight.shape[0] > CPU_TORCH_THRESHOLD["linear"]:
         if x.dim() >= 1 and weight.dim() == 2 and x.shape[-1] != weight.shape[1]:
             # the message gpuaccel's kernels give, not torch's "mat1 and mat2 shapes cannot be multiplied"
             raise ValueError("linear: x's last dimension (%d) must equal weight's in_features (%d)"
                              % (x.shape[-1], weight.shape[1]))
         return _torch_activation(torch.nn.functional.linear(x, weight, bias), activation)
-    if _needs_grad(x, weight, bias):
+    # compiling, exporting, jit tracing, or tensors that are not plain torch
+    # tensors holding data (fake, meta, subclasses): the custom ops
+    if (_is_compiling() or _is_tracing() or type(x) not in _PLAIN_TENSORS or type(weight) not in _PLAIN_TENSORS
+            or x.is_meta):
+        return _linear_traced(x, weight, bias, activation)
+    if _transforms_active():
+        return _LinearTransformsFunction.apply(x, weight, bias, activation)[0]
+    if _grad_enabled() and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
         return _LinearFunction.apply(x, weight, bias, activation)
     return _linear_forward(x, weight, bias, activation, False)[0]
+
+
+def fused_linear(x, weight, bias=None, activation=None):
+    """act(x @ weight.T + bias) in one fused kernel (forward and backward);
+    x of shape (..., in_features), also 1-D.  activation: None, 'relu',
+    'gelu' (exact, as nn.GELU()), 'gelu_tanh' (nn.GELU(approximate='tanh')),
+    'silu', 'hardswish' or 'sigmoid'."""
+    return _linear_dispatch(x, weight, bias, _activation(activation))
 
 
 class FusedLinear(torch.nn.Module):
@@ -332,7 +459,12 @@ class FusedLinear(torch.nn.Module):
             torch.nn.init.uniform_(self.bias, -bound, bound)
 
     def forward(self, x):
-        return _linear_checked(x, self.weight, self.bias, self.activation)
+        params = self._parameters  # not self.weight: nn.Module's __getattr__ costs more than the layer's C call
+        try:
+            weight, bias = params["weight"], params["bias"]
+        except KeyError:  # a parametrization (torch.nn.utils.parametrize) computes them
+            weight, bias = self.weight, self.bias
+        return _linear_dispatch(x, weight, bias, self.activation)
 
     __prepare_scriptable__ = _refuse_script("gpuaccel.torch.FusedLinear")
 
@@ -382,12 +514,13 @@ def _conv_empty(x, shape):
     return torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=torch.channels_last)
 
 
-def _conv_forward(x, weight, bias, stride, padding, dilation, groups, activation, keep_preactivation):
-    shape = _conv_out_shape(x, weight, stride, padding, dilation)
-    if shape[2] < 1 or shape[3] < 1:
-        _check_conv_output(x, weight, padding, dilation, shape)
-    y = _conv_empty(x, shape)
-    if activation in _SAVES_PREACTIVATION and keep_preactivation:
+def _conv_forward(x, weight, bias, stride, padding, dilation, groups, activation, keep_preactivation, shape=None):
+    if shape is None:
+        shape = _conv_out_shape(x, weight, stride, padding, dilation)
+        if shape[2] < 1 or shape[3] < 1:
+            _check_conv_output(x, weight, padding, dilation, shape)
+    y = x.new_empty(*shape) if x.is_contiguous() else _conv_empty(x, shape)
+    if keep_preactivation and activation in _SAVES_PREACTIVATION:
         z = _conv_empty(x, shape)
         _C.conv2d(x, weight, bias, stride=stride, padding=padding, dilation=dilation, groups=groups,
                   activation=_KERNEL_ACT[activation], out=y, save_preactivation=True, preactivation_out=z,
@@ -409,24 +542,108 @@ def _conv_backward_into(grad_y, x, weight, aux, stride, padding, dilation, group
     return gx, gw, gb
 
 
+def _conv_backward_torch(grad_y, x, weight, bias, aux, stride, padding, dilation, groups, activation, need_x,
+                         need_w, need_b):
+    """_linear_backward_torch's twin: torch's differentiable ops."""
+    if activation in _SAVES_PREACTIVATION and _grad_enabled():
+        aux = torch.nn.functional.conv2d(x, weight, bias, stride, padding, dilation, groups)
+    grad_z = _torch_activation_grad(grad_y, aux, activation)
+    gx, gw, gb = torch.ops.aten.convolution_backward(
+        grad_z, x, weight, [weight.shape[0]] if need_b else None, list(stride), list(padding), list(dilation),
+        False, [0, 0], groups, [need_x, need_w, need_b])
+    return gx if need_x else None, gw if need_w else None, gb if need_b else None
+
+
 class _Conv2dFunction(torch.autograd.Function):
+    """The eager path, as _LinearFunction; shape is the output's, which the
+    dispatch has computed."""
+
     @staticmethod
-    def forward(ctx, x, weight, bias, stride, padding, dilation, groups, activation):
-        y, z = _conv_forward(x, weight, bias, stride, padding, dilation, groups, activation, True)
+    def forward(ctx, x, weight, bias, stride, padding, dilation, groups, activation, shape):
+        y, z = _conv_forward(x, weight, bias, stride, padding, dilation, groups, activation, True, shape)
         ctx.geometry = (stride, padding, dilation, groups)
         ctx.activation = activation
-        ctx.has_bias = bias is not None
-        ctx.save_for_backward(x, weight, _saved_aux(activation, y, z))
+        ctx.bias = bias  # for a double backward only, as _LinearFunction
+        ctx.save_for_backward(x, weight, z if z is not None else (None if activation == "none" else y))
         return y
 
     @staticmethod
     def backward(ctx, grad_y):
-        _no_double_backward()
         x, weight, aux = ctx.saved_tensors
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        gx, gw, gb = _conv_backward_into(grad_y, x, weight, aux, *ctx.geometry, ctx.activation, need_x, need_w,
-                                         need_b and ctx.has_bias)
-        return gx, gw, gb, None, None, None, None, None
+        stride, padding, dilation, groups = ctx.geometry
+        if _grad_enabled():  # create_graph=True
+            gx, gw, gb = _conv_backward_torch(grad_y, x, weight, ctx.bias, aux, stride, padding, dilation, groups,
+                                              ctx.activation, need_x, need_w, need_b)
+            return gx, gw, gb, None, None, None, None, None, None
+        gx = torch.empty_like(x) if need_x else None
+        gw = torch.empty_like(weight) if need_w else None
+        gb = torch.empty_like(ctx.bias) if need_b else None
+        if need_x and need_w and need_b:  # as _LinearFunction.backward
+            _C.conv2d_backward(grad_y, x, weight, stride=stride, padding=padding, dilation=dilation, groups=groups,
+                               activation=_KERNEL_ACT[ctx.activation], preactivation=aux, out=(gx, gw, gb),
+                               stream="torch")
+        else:
+            _C.conv2d_backward(grad_y, x, weight, stride=stride, padding=padding, dilation=dilation, groups=groups,
+                               activation=_KERNEL_ACT[ctx.activation], preactivation=aux, needs_input_grad=need_x,
+                               needs_weight_grad=need_w, needs_bias_grad=need_b, out=(gx, gw, gb), stream="torch")
+        return gx, gw, gb, None, None, None, None, None, None
+
+
+class _Conv2dTransformsFunction(torch.autograd.Function):
+    """_LinearTransformsFunction's twin."""
+
+    @staticmethod
+    def forward(x, weight, bias, stride, padding, dilation, groups, activation):
+        return _conv_forward(x, weight, bias, stride, padding, dilation, groups, activation, True)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, weight, bias, stride, padding, dilation, groups, activation = inputs
+        y, z = output
+        if z is not None:
+            ctx.mark_non_differentiable(z)
+        aux = _saved_aux(activation, y, z)
+        ctx.geometry = (stride, padding, dilation, groups)
+        ctx.activation = activation
+        ctx.save_for_backward(x, weight, bias, aux)
+        ctx.save_for_forward(x, weight, aux)
+
+    @staticmethod
+    def backward(ctx, grad_y, grad_z):
+        x, weight, bias, aux = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        return (*_conv_backward_torch(grad_y, x, weight, bias, aux, *ctx.geometry, ctx.activation, need_x, need_w,
+                                      need_b), None, None, None, None, None)
+
+    @staticmethod
+    def jvp(ctx, x_t, weight_t, bias_t, *_):
+        x, weight, aux = ctx.saved_tensors
+        stride, padding, dilation, groups = ctx.geometry
+        conv = torch.nn.functional.conv2d
+        z_t = _tangent_sum(conv(x_t, weight, None, stride, padding, dilation, groups) if x_t is not None else None,
+                           conv(x, weight_t, None, stride, padding, dilation, groups) if weight_t is not None else None,
+                           bias_t[:, None, None] if bias_t is not None else None)
+        return _torch_activation_grad(z_t, aux, ctx.activation), None
+
+    @staticmethod
+    def vmap(info, in_dims, x, weight, bias, stride, padding, dilation, groups, activation):
+        x_dim, w_dim, b_dim = in_dims[:3]
+        geometry = (stride, padding, dilation, groups, activation)
+        if w_dim is None and b_dim is None:  # one layer, a batch of inputs: folded into N
+            x = x.movedim(x_dim, 0)
+            batch, n = x.shape[:2]
+            y, z = _Conv2dTransformsFunction.apply(x.flatten(0, 1), weight, bias, *geometry)
+            y = y.unflatten(0, (batch, n))
+            return (y, None if z is None else z.unflatten(0, (batch, n))), (0, None if z is None else 0)
+        keep_z = activation in _SAVES_PREACTIVATION  # a batch of layers: torch's batched ops
+
+        def one(x, weight, bias):
+            z = torch.nn.functional.conv2d(x, weight, bias, stride, padding, dilation, groups)
+            return (_torch_activation(z, activation), z) if keep_z else _torch_activation(z, activation)
+
+        out = torch.vmap(one, in_dims=(x_dim, w_dim, b_dim), randomness=info.randomness)(x, weight, bias)
+        return (out if keep_z else (out, None)), ((0, 0) if keep_z else (0, None))
 
 
 @torch.library.custom_op("gpuaccel::conv2d", mutates_args=())
@@ -439,8 +656,7 @@ def _conv2d(x: Tensor, weight: Tensor, bias: Optional[Tensor], stride: List[int]
 @_conv2d.register_fake
 def _(x, weight, bias, stride, padding, dilation, groups, activation):
     shape = _conv_out_shape(x, weight, stride, padding, dilation)
-    return _conv_empty(x, shape), (_conv_empty(x, shape) if activation in _SAVES_PREACTIVATION
-                                   else x.new_empty((0,)))
+    return _conv_empty(x, shape), (_conv_empty(x, shape) if activation in _SAVES_PREACTIVATION else x.new_empty((0,)))
 
 
 @torch.library.custom_op("gpuaccel::conv2d_backward", mutates_args=())
@@ -522,35 +738,48 @@ def _pair(value, name, least):
     raise ValueError("%s must be an int >= %d or a pair of them, got %r" % (name, least, value))
 
 
-def _conv2d_batched(x, weight, bias, stride, padding, dilation, groups, activation):
-    if _traced(x, weight):
+def _conv2d_checked(x, weight, bias, stride, padding, dilation, groups, activation):
+    """fused_conv2d once its geometry is normalized (tuples of ints): the
+    path for the call, its checks ordered and inlined for the eager path's
+    host time, as _linear_dispatch."""
+    if (type(x) not in _PLAIN_TENSORS or type(weight) not in _PLAIN_TENSORS
+            or (bias is not None and type(bias) not in _PLAIN_TENSORS)):
+        _check_tensors("conv2d", x, weight, bias)  # a NumPy array or a list: one TypeError saying so
+    if x.dim() != 4:
+        if x.dim() == 3:
+            return _conv2d_checked(x.unsqueeze(0), weight, bias, stride, padding, dilation, groups,
+                                   activation).squeeze(0)
+        raise ValueError("fused_conv2d: x must be (N, C, H, W) or unbatched (C, H, W), got shape %s"
+                         % (tuple(x.shape),))
+    cuda = x.is_cuda
+    if _any_autocast() and _is_autocast("cuda" if cuda else "cpu"):
+        x, weight, bias = _autocast(x, weight, bias)
+    n, _, h, w = x.shape
+    try:
+        k, c, r, s = weight.shape
+    except ValueError:  # not 4-D: gpuaccel's message
+        _check_conv_channels(x, weight, groups)
+        raise
+    shape = (n, k, (h + 2 * padding[0] - dilation[0] * (r - 1) - 1) // stride[0] + 1,
+             (w + 2 * padding[1] - dilation[1] * (s - 1) - 1) // stride[1] + 1)
+    if shape[2] < 1 or shape[3] < 1:  # an input smaller than the dilated kernel
+        _check_conv_output(x, weight, padding, dilation, shape)
+    # torch's kernels above the CPU threshold (multiply-adds) whatever the path, as fused_linear
+    if not cuda and n * k * shape[2] * shape[3] * c * r * s > CPU_TORCH_THRESHOLD["conv2d"]:
+        _check_conv_channels(x, weight, groups)
+        return _torch_activation(torch.nn.functional.conv2d(x, weight, bias, stride, padding, dilation, groups),
+                                 activation)
+    if (_is_compiling() or _is_tracing() or type(x) not in _PLAIN_TENSORS or type(weight) not in _PLAIN_TENSORS
+            or x.is_meta):  # the custom ops, as in _linear_dispatch
         if torch.onnx.is_in_onnx_export():
             y = torch.nn.functional.conv2d(x, weight, bias, stride, padding, dilation, groups)
             return _torch_activation(y, activation)
         return _conv2d(x, weight, bias, list(stride), list(padding), list(dilation), groups, activation)[0]
-    if not x.is_cuda:
-        n, k, p, q = _conv_out_shape(x, weight, stride, padding, dilation)
-        if p < 1 or q < 1:
-            _check_conv_output(x, weight, padding, dilation, (n, k, p, q))
-        if n * k * p * q * (weight.numel() // k) > CPU_TORCH_THRESHOLD["conv2d"]:  # multiply-adds
-            _check_conv_channels(x, weight, groups)
-            y = torch.nn.functional.conv2d(x, weight, bias, stride, padding, dilation, groups)
-            return _torch_activation(y, activation)
-    if _needs_grad(x, weight, bias):
-        return _Conv2dFunction.apply(x, weight, bias, stride, padding, dilation, groups, activation)
-    return _conv_forward(x, weight, bias, stride, padding, dilation, groups, activation, False)[0]
-
-
-def _conv2d_checked(x, weight, bias, stride, padding, dilation, groups, activation):
-    """fused_conv2d once its geometry is normalized (tuples of ints)."""
-    _check_tensors("conv2d", x, weight, bias)
-    if _is_autocast("cuda" if x.is_cuda else "cpu"):
-        x, weight, bias = _autocast(x, weight, bias)
-    if x.dim() == 4:
-        return _conv2d_batched(x, weight, bias, stride, padding, dilation, groups, activation)
-    if x.dim() == 3:
-        return _conv2d_batched(x.unsqueeze(0), weight, bias, stride, padding, dilation, groups, activation).squeeze(0)
-    raise ValueError("fused_conv2d: x must be (N, C, H, W) or unbatched (C, H, W), got shape %s" % (tuple(x.shape),))
+    if _transforms_active():
+        return _Conv2dTransformsFunction.apply(x, weight, bias, stride, padding, dilation, groups, activation)[0]
+    if _grad_enabled() and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
+        return _Conv2dFunction.apply(x, weight, bias, stride, padding, dilation, groups, activation, shape)
+    return _conv_forward(x, weight, bias, stride, padding, dilation, groups, activation, False, shape)[0]
 
 
 def fused_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, activation=None):
@@ -606,8 +835,13 @@ class FusedConv2d(torch.nn.Conv2d):
         return tuple(self.padding)
 
     def forward(self, x):
-        return _conv2d_checked(x, self.weight, self.bias, self._geometry[0], self._geometry[1], self._geometry[2],
-                               self.groups, self.activation)
+        params = self._parameters  # as FusedLinear.forward
+        try:
+            weight, bias = params["weight"], params["bias"]
+        except KeyError:
+            weight, bias = self.weight, self.bias
+        stride, padding, dilation = self._geometry
+        return _conv2d_checked(x, weight, bias, stride, padding, dilation, self.groups, self.activation)
 
     __prepare_scriptable__ = _refuse_script("gpuaccel.torch.FusedConv2d")
 
@@ -617,3 +851,7 @@ class FusedConv2d(torch.nn.Conv2d):
 
 fused_linear.__prepare_scriptable__ = _refuse_script("gpuaccel.torch.fused_linear")
 fused_conv2d.__prepare_scriptable__ = _refuse_script("gpuaccel.torch.fused_conv2d")
+
+# fuse(model) and the module it writes for Conv2d -> BatchNorm2d, which
+# build on the layers above
+from ._fuse import FusedConv2dBN, FuseReport, fuse  # noqa: E402

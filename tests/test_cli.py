@@ -372,6 +372,7 @@ def test_help_goes_to_stdout_with_status_0():
     (os.path.join(ROOT, "examples", "train_ddp.py"), "--help"),
     (os.path.join(ROOT, "examples", "export_onnx.py"), "--help"),
     (os.path.join(ROOT, "examples", "train_checkpointed.py"), "--help"),
+    (os.path.join(ROOT, "examples", "fuse_torchvision.py"), "--help"),
 ])
 def test_help_texts_are_whole_and_every_option_has_one(argv):
     out = run(*argv)
@@ -430,6 +431,18 @@ def test_example_onnx_export_runs_in_onnxruntime(route, tmp_path):
     assert ("DeprecationWarning" in out.stderr) == (route == ["--torchscript"]), out.stderr
     assert "Conv" in out.stdout and "Gemm" in out.stdout and (tmp_path / "m.onnx").exists()
     assert float(out.stdout.split("largest difference")[1]) < 1e-4
+
+
+def test_example_fuse_torchvision_prints_the_reports_and_the_same_outputs():
+    pytest.importorskip("torchvision")
+    out = run(os.path.join(ROOT, "examples", "fuse_torchvision.py"), "--models", "resnet18,vit_b_16", "--size", "32")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("gpuaccel.torch.fuse report for") == 2
+    assert "fused (20):" in out.stdout and "FusedConv2dBN(relu), BatchNorm folded" in out.stdout
+    assert "heads.head" in out.stdout  # a Linear left unfused, with its reason
+    differences = [float(line.split(": ")[1].split()[0]) for line in out.stdout.splitlines()
+                   if line.startswith("largest difference")]
+    assert len(differences) == 2 and max(differences) < 1e-4, differences
 
 
 def test_example_checkpointed_accumulating_training_learns(tmp_path):

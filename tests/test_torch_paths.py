@@ -180,11 +180,141 @@ def test_only_the_gradients_asked_for_are_computed(no_torch_dispatch):
     torch.testing.assert_close(gw, ref, rtol=1e-5, atol=1e-5)
 
 
-def test_double_backward_is_refused_clearly(no_torch_dispatch):
-    x, w, b = leaves(*linear_inputs(8))
-    y = gt.fused_linear(x, w, b, "gelu")
-    with pytest.raises(RuntimeError, match="no double backward"):
-        torch.autograd.grad(y.sum(), [x], create_graph=True)
+@pytest.mark.parametrize("activation", [a for a in ACTIVATION_NAMES if a is not None])
+@pytest.mark.parametrize("size", ["small", "large"])
+def test_double_backward_is_torchs(activation, size, monkeypatch):
+    # gradients of gradients (create_graph=True), on both sides of the CPU
+    # dispatch: gradgradcheck, and the second derivatives of torch's layers
+    threshold = 0 if size == "large" else 1 << 62
+    monkeypatch.setitem(gt.CPU_TORCH_THRESHOLD, "linear", threshold)
+    monkeypatch.setitem(gt.CPU_TORCH_THRESHOLD, "conv2d", threshold)
+    x, w, b = (t.double() for t in linear_inputs(8, m=6, k=5, n=4))
+    if activation == "relu":  # gradgradcheck's finite differences need the pre-activations away from the kink
+        w = w * 3
+    inputs = leaves(x, w, b)
+    assert torch.autograd.gradgradcheck(lambda x, w, b: gt.fused_linear(x, w, b, activation), inputs)
+    gen = torch.Generator().manual_seed(9)
+    xc = torch.randn(2, 4, 6, 5, generator=gen, dtype=torch.float64)
+    wc = torch.randn(6, 2, 3, 3, generator=gen, dtype=torch.float64) * (3 if activation == "relu" else 1)
+    bc = torch.randn(6, generator=gen, dtype=torch.float64)
+
+    def conv(x, w, b):
+        return gt.fused_conv2d(x, w, b, stride=(2, 1), padding=1, groups=2, activation=activation)
+
+    assert torch.autograd.gradgradcheck(conv, leaves(xc, wc, bc))
+    for fused, plain, tensors in (
+            (lambda x, w, b: gt.fused_linear(x, w, b, activation),
+             lambda x, w, b: torch_act(F.linear(x, w, b), activation), (x, w, b)),
+            (conv, lambda x, w, b: torch_act(F.conv2d(x, w, b, (2, 1), 1, 1, 2), activation), (xc, wc, bc))):
+        second = []
+        for fn in (fused, plain):
+            ins = leaves(*tensors)
+            first = torch.autograd.grad(fn(*ins).square().sum(), ins, create_graph=True)
+            second.append(torch.autograd.grad(sum(g.sin().sum() for g in first), ins))
+        for got, want in zip(*second):
+            torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+# ------------------------------------------------------------- torch.func
+
+def _func_inputs(seed):
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64)
+    return rand
+
+
+@pytest.mark.parametrize("activation", [a for a in ACTIVATION_NAMES if a is not None])
+@pytest.mark.parametrize("size", ["small", "large"])
+def test_torch_func_transforms_give_torchs_results(activation, size, monkeypatch):
+    """vmap (a batch of inputs; a batch of layers), grad, per-sample
+    gradients (vmap of grad), jacrev, jacfwd, hessian and functional_call
+    over an ensemble, on both sides of the CPU dispatch, against torch's
+    layers under the same transforms."""
+    from torch.func import functional_call, grad, hessian, jacfwd, jacrev, vmap
+
+    threshold = 0 if size == "large" else 1 << 62
+    monkeypatch.setitem(gt.CPU_TORCH_THRESHOLD, "linear", threshold)
+    monkeypatch.setitem(gt.CPU_TORCH_THRESHOLD, "conv2d", threshold)
+    rand = _func_inputs(10)
+    close = {"rtol": 1e-10, "atol": 1e-10}
+
+    def fl(x, w, b):
+        return gt.fused_linear(x, w, b, activation)
+
+    def tl(x, w, b):
+        return torch_act(F.linear(x, w, b), activation)
+
+    x, w, b, xs, ws, bs = rand(5, 7), rand(4, 7), rand(4), rand(3, 5, 7), rand(3, 4, 7), rand(3, 4)
+    torch.testing.assert_close(vmap(fl, (1, None, None))(xs.transpose(0, 1), w, b), tl(xs, w, b), **close)
+    torch.testing.assert_close(vmap(fl, (None, 0, 0))(x, ws, bs), vmap(tl, (None, 0, 0))(x, ws, bs), **close)
+    for got, want in zip(grad(lambda *a: fl(*a).square().sum(), argnums=(0, 1, 2))(x, w, b),
+                         grad(lambda *a: tl(*a).square().sum(), argnums=(0, 1, 2))(x, w, b)):
+        torch.testing.assert_close(got, want, **close)
+    per_sample = [vmap(grad(lambda w, x, fn=fn: fn(x, w, b).square().sum()), (None, 0))(w, xs) for fn in (fl, tl)]
+    torch.testing.assert_close(*per_sample, **close)
+    torch.testing.assert_close(jacrev(fl, argnums=1)(x, w, b), jacrev(tl, argnums=1)(x, w, b), **close)
+    torch.testing.assert_close(jacfwd(fl)(x, w, b), jacfwd(tl)(x, w, b), **close)
+    torch.testing.assert_close(hessian(lambda x: fl(x, w, b).sum())(x[:2]),
+                               hessian(lambda x: tl(x, w, b).sum())(x[:2]), **close)
+
+    def fc(x, w, b):
+        return gt.fused_conv2d(x, w, b, stride=(2, 1), padding=1, groups=2, activation=activation)
+
+    def tc(x, w, b):
+        return torch_act(F.conv2d(x, w, b, (2, 1), 1, 1, 2), activation)
+
+    xc, wc, bc, xcs, wcs = rand(2, 4, 7, 6), rand(6, 2, 3, 3), rand(6), rand(3, 2, 4, 7, 6), rand(2, 6, 2, 3, 3)
+    torch.testing.assert_close(vmap(fc, (0, None, None))(xcs, wc, bc), vmap(tc, (0, None, None))(xcs, wc, bc),
+                               **close)
+    torch.testing.assert_close(vmap(fc, (None, 0, None))(xc, wcs, bc), vmap(tc, (None, 0, None))(xc, wcs, bc),
+                               **close)
+    per_sample = [vmap(grad(lambda w, x, fn=fn: fn(x, w, bc).square().sum()), (None, 0))(wc, xc)
+                  for fn in (fc, tc)]
+    torch.testing.assert_close(*per_sample, **close)  # each sample an unbatched (C, H, W) input
+    torch.testing.assert_close(jacrev(fc)(xc, wc, bc), jacrev(tc)(xc, wc, bc), **close)
+    torch.testing.assert_close(jacfwd(fc, argnums=1)(xc, wc, bc), jacfwd(tc, argnums=1)(xc, wc, bc), **close)
+
+    layer = gt.FusedLinear(7, 4, activation=activation).double()  # an ensemble of two: stacked parameters
+    params = {k: torch.stack([v.detach(), v.detach() * 0.5]) for k, v in layer.named_parameters()}
+    out = vmap(lambda p, x: functional_call(layer, p, (x,)), (0, None))(params, x)
+    torch.testing.assert_close(out[1], tl(x, layer.weight * 0.5, layer.bias * 0.5), **close)
+
+
+# ------------------------------------------------------------ torch.compile
+
+@pytest.mark.slow
+@pytest.mark.parametrize("size", ["small", "large"])
+def test_compiled_layers_dispatch_on_the_cpu_as_eager_does(size, monkeypatch):
+    """Under torch.compile a CPU layer above the threshold is torch's ops in
+    the graph (inductor compiles them as it compiles torch's layers), one
+    below it gpuaccel's custom op; either way compiled and eager run the
+    same kernels, with the same results and gradients."""
+    threshold = 0 if size == "large" else 1 << 62
+    monkeypatch.setitem(gt.CPU_TORCH_THRESHOLD, "linear", threshold)
+    monkeypatch.setitem(gt.CPU_TORCH_THRESHOLD, "conv2d", threshold)
+    torch._dynamo.reset()
+    model = torch.nn.Sequential(gt.FusedConv2d(3, 5, 3, padding=1, activation="relu"), torch.nn.Flatten(),
+                                gt.FusedLinear(5 * 6 * 6, 7, activation="gelu"))
+    x = torch.randn(2, 3, 6, 6)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    compiled = torch.compile(model, backend=backend, fullgraph=True)
+    out = compiled(x)
+    targets = {str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"}
+    custom = {t for t in targets if t.startswith("gpuaccel.")}
+    assert bool(custom) == (size == "small"), targets
+    eager = model(x)
+    assert torch.equal(out, eager)
+    got = torch.autograd.grad(out.sum(), list(model.parameters()))
+    want = torch.autograd.grad(eager.sum(), list(model.parameters()))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
 
 
 def test_ops_take_torchs_stream_by_name():
