@@ -404,6 +404,8 @@ def _linear_dispatch(x, weight, bias, activation):
     cuda = x.is_cuda
     if _any_autocast() and _is_autocast("cuda" if cuda else "cpu"):
         x, weight, bias = _autocast(x, weight, bias)
+    if _is_tracing():  # jit.trace (and the TorchScript ONNX exporter): sizes are traced values, no dispatch on them
+        return _linear_traced(x, weight, bias, activation)
     # torch's kernels above the CPU threshold whatever the path: eager,
     # compiled (dynamo reads the sizes and the threshold and guards on them),
     # exported, under torch.func
@@ -738,6 +740,13 @@ def _pair(value, name, least):
     raise ValueError("%s must be an int >= %d or a pair of them, got %r" % (name, least, value))
 
 
+def _conv2d_traced(x, weight, bias, stride, padding, dilation, groups, activation):
+    if torch.onnx.is_in_onnx_export():
+        y = torch.nn.functional.conv2d(x, weight, bias, stride, padding, dilation, groups)
+        return _torch_activation(y, activation)
+    return _conv2d(x, weight, bias, list(stride), list(padding), list(dilation), groups, activation)[0]
+
+
 def _conv2d_checked(x, weight, bias, stride, padding, dilation, groups, activation):
     """fused_conv2d once its geometry is normalized (tuples of ints): the
     path for the call, its checks ordered and inlined for the eager path's
@@ -754,6 +763,8 @@ def _conv2d_checked(x, weight, bias, stride, padding, dilation, groups, activati
     cuda = x.is_cuda
     if _any_autocast() and _is_autocast("cuda" if cuda else "cpu"):
         x, weight, bias = _autocast(x, weight, bias)
+    if _is_tracing():  # as in _linear_dispatch
+        return _conv2d_traced(x, weight, bias, stride, padding, dilation, groups, activation)
     n, _, h, w = x.shape
     try:
         k, c, r, s = weight.shape
@@ -771,10 +782,7 @@ def _conv2d_checked(x, weight, bias, stride, padding, dilation, groups, activati
                                  activation)
     if (_is_compiling() or _is_tracing() or type(x) not in _PLAIN_TENSORS or type(weight) not in _PLAIN_TENSORS
             or x.is_meta):  # the custom ops, as in _linear_dispatch
-        if torch.onnx.is_in_onnx_export():
-            y = torch.nn.functional.conv2d(x, weight, bias, stride, padding, dilation, groups)
-            return _torch_activation(y, activation)
-        return _conv2d(x, weight, bias, list(stride), list(padding), list(dilation), groups, activation)[0]
+        return _conv2d_traced(x, weight, bias, stride, padding, dilation, groups, activation)
     if _transforms_active():
         return _Conv2dTransformsFunction.apply(x, weight, bias, stride, padding, dilation, groups, activation)[0]
     if _grad_enabled() and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)):
