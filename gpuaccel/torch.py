@@ -86,8 +86,14 @@ _TORCH_ACTIVATION = {
 # kernels: where they overtake gpuaccel's reference kernels, fwd+bwd, as
 # `python benchmarks/bench_overhead.py --crossover` measured on a 2-core
 # x86-64 machine (RESULTS.md).  Below it, the cost of a call is host time,
-# where gpuaccel's single fused call is cheaper.
-CPU_TORCH_THRESHOLD = {"linear": 1 << 14, "conv2d": 1 << 19}
+# where gpuaccel's single fused call is cheaper.  A grouped conv counts its
+# multiply-adds once per group: gpuaccel's CPU kernel runs one small GEMM per
+# group (a depthwise conv: C GEMMs of one output channel), torch's a kernel
+# made for the whole grouped conv.
+# conv2d's 1 << 17: its crossover table puts the change near 0.2 M, and
+# inside whole models (bench_models: MobileNetV3-small's 1x1 convs) torch's
+# kernels already led above 0.13 M.
+CPU_TORCH_THRESHOLD = {"linear": 1 << 14, "conv2d": 1 << 17}
 
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
@@ -775,8 +781,8 @@ def _conv2d_checked(x, weight, bias, stride, padding, dilation, groups, activati
              (w + 2 * padding[1] - dilation[1] * (s - 1) - 1) // stride[1] + 1)
     if shape[2] < 1 or shape[3] < 1:  # an input smaller than the dilated kernel
         _check_conv_output(x, weight, padding, dilation, shape)
-    # torch's kernels above the CPU threshold (multiply-adds) whatever the path, as fused_linear
-    if not cuda and n * k * shape[2] * shape[3] * c * r * s > CPU_TORCH_THRESHOLD["conv2d"]:
+    # torch's kernels above the CPU threshold (multiply-adds, once per group) whatever the path, as fused_linear
+    if not cuda and n * k * shape[2] * shape[3] * c * r * s * groups > CPU_TORCH_THRESHOLD["conv2d"]:
         _check_conv_channels(x, weight, groups)
         return _torch_activation(torch.nn.functional.conv2d(x, weight, bias, stride, padding, dilation, groups),
                                  activation)
