@@ -421,9 +421,9 @@ def _linear_dispatch(x, weight, bias, activation):
             raise ValueError("linear: x's last dimension (%d) must equal weight's in_features (%d)"
                              % (x.shape[-1], weight.shape[1]))
         return _torch_activation(torch.nn.functional.linear(x, weight, bias), activation)
-    # compiling, exporting, jit tracing, or tensors that are not plain torch
+    # compiling, exporting (jit tracing returned above), or tensors that are not plain torch
     # tensors holding data (fake, meta, subclasses): the custom ops
-    if (_is_compiling() or _is_tracing() or type(x) not in _PLAIN_TENSORS or type(weight) not in _PLAIN_TENSORS
+    if (_is_compiling() or type(x) not in _PLAIN_TENSORS or type(weight) not in _PLAIN_TENSORS
             or x.is_meta):
         return _linear_traced(x, weight, bias, activation)
     if _transforms_active():
@@ -786,7 +786,7 @@ def _conv2d_checked(x, weight, bias, stride, padding, dilation, groups, activati
         _check_conv_channels(x, weight, groups)
         return _torch_activation(torch.nn.functional.conv2d(x, weight, bias, stride, padding, dilation, groups),
                                  activation)
-    if (_is_compiling() or _is_tracing() or type(x) not in _PLAIN_TENSORS or type(weight) not in _PLAIN_TENSORS
+    if (_is_compiling() or type(x) not in _PLAIN_TENSORS or type(weight) not in _PLAIN_TENSORS
             or x.is_meta):  # the custom ops, as in _linear_dispatch
         return _conv2d_traced(x, weight, bias, stride, padding, dilation, groups, activation)
     if _transforms_active():
