@@ -78,13 +78,8 @@ __device__ __forceinline__ void element_offsets(const ga_pair_layout &L, int64_t
         if (k == 0) {
             i = idx;
             q = 0;
-        } else if ((uint64_t)idx <= UINT32_MAX && (uint64_t)extent <= UINT32_MAX) {
-            /* 32-bit division where it is enough: several times cheaper */
-            q = (uint32_t)idx / (uint32_t)extent;
-            i = (uint32_t)idx - (uint32_t)q * (uint32_t)extent;
         } else {
-            q = idx / extent;
-            i = idx - q * extent;
+            i = ga_split_index(idx, extent, &q);
         }
         idx = q;
         d += i * L.dst_strides[k];

@@ -101,13 +101,8 @@ __device__ __forceinline__ void walk_offsets(const Layout &L, int chan_dim, int6
         if (k == 0) {
             i = idx;
             q = 0;
-        } else if ((uint64_t)idx <= UINT32_MAX && (uint64_t)extent <= UINT32_MAX) {
-            /* 32-bit division where it is enough: several times cheaper */
-            q = (uint32_t)idx / (uint32_t)extent;
-            i = (uint32_t)idx - (uint32_t)q * (uint32_t)extent;
         } else {
-            q = idx / extent;
-            i = idx - q * extent;
+            i = ga_split_index(idx, extent, &q);
         }
         idx = q;
         off[0] += i * L.strides[0][k];
@@ -849,30 +844,21 @@ extern "C" ga_status ga_cuda_bias_activation(int device, const ga_bias_act_desc 
                  has_pre && ew_aligned(pre->data, ga_dtype_itemsize(pre->dtype), L, 2)};
     DynIO bio = {has_bias ? desc->bias_dtype : x->dtype,
                  has_bias && (uintptr_t)desc->bias % bias_size == 0};
-    if (ga_bias_act_in_double(desc)) {
-        BiasAct<double, DynIO, DynIO> a = {(const char *)x->data,
-                                           (char *)y->data,
-                                           has_pre ? (char *)pre->data : nullptr,
-                                           (const char *)desc->bias,
-                                           (int64_t)bias_size,
-                                           xio,
-                                           yio,
-                                           pio,
-                                           bio,
-                                           desc->activation};
+    /* one body for both accumulators: acc is a value of the type */
+    auto run = [&](auto acc) {
+        BiasAct<decltype(acc), DynIO, DynIO> a = {(const char *)x->data,
+                                                  (char *)y->data,
+                                                  has_pre ? (char *)pre->data : nullptr,
+                                                  (const char *)desc->bias,
+                                                  (int64_t)bias_size,
+                                                  xio,
+                                                  yio,
+                                                  pio,
+                                                  bio,
+                                                  desc->activation};
         return launch_bias_act(L, numel, a, s);
-    }
-    BiasAct<float, DynIO, DynIO> a = {(const char *)x->data,
-                                      (char *)y->data,
-                                      has_pre ? (char *)pre->data : nullptr,
-                                      (const char *)desc->bias,
-                                      (int64_t)bias_size,
-                                      xio,
-                                      yio,
-                                      pio,
-                                      bio,
-                                      desc->activation};
-    return launch_bias_act(L, numel, a, s);
+    };
+    return ga_bias_act_in_double(desc) ? run(0.0) : run(0.0f);
 }
 
 extern "C" size_t ga_cuda_activation_backward_workspace(const ga_act_backward_desc *desc)
@@ -930,30 +916,20 @@ extern "C" ga_status ga_cuda_activation_backward(int device, const ga_act_backwa
     DynIO dzio = {c.dz ? c.dz->dtype : c.g->dtype, aligned[2]};
     DynIO sio = {c.sum_dtype, true};
     DynIO bgio = {c.has_bg ? desc->bias_grad_dtype : c.g->dtype, bg_aligned};
-    if (c.f64) {
-        Bwd<double, DynIO, DynIO> a = {(const char *)c.g->data,
-                                       c.aux ? (const char *)c.aux->data : nullptr,
-                                       c.dz ? (char *)c.dz->data : nullptr,
-                                       (char *)desc->bias_grad,
-                                       (int64_t)bg_size,
-                                       gio,
-                                       aio,
-                                       dzio,
-                                       sio,
-                                       bgio,
-                                       desc->activation};
+    /* as in ga_cuda_bias_activation */
+    auto run = [&](auto acc) {
+        Bwd<decltype(acc), DynIO, DynIO> a = {(const char *)c.g->data,
+                                              c.aux ? (const char *)c.aux->data : nullptr,
+                                              c.dz ? (char *)c.dz->data : nullptr,
+                                              (char *)desc->bias_grad,
+                                              (int64_t)bg_size,
+                                              gio,
+                                              aio,
+                                              dzio,
+                                              sio,
+                                              bgio,
+                                              desc->activation};
         return run_backward(desc, c, a, s);
-    }
-    Bwd<float, DynIO, DynIO> a = {(const char *)c.g->data,
-                                  c.aux ? (const char *)c.aux->data : nullptr,
-                                  c.dz ? (char *)c.dz->data : nullptr,
-                                  (char *)desc->bias_grad,
-                                  (int64_t)bg_size,
-                                  gio,
-                                  aio,
-                                  dzio,
-                                  sio,
-                                  bgio,
-                                  desc->activation};
-    return run_backward(desc, c, a, s);
+    };
+    return c.f64 ? run(0.0) : run(0.0f);
 }
