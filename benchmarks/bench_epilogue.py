@@ -28,19 +28,14 @@ from bench_conv import RESNET50_SHAPES
 from bench_matmul import LINEAR_SHAPES
 
 import gpuaccel as ga
+import gpuaccel.torch as gt
 from gpuaccel import bench
 
 from common import machine, print_table
 
-# gpuaccel's activation names (kernels/activation.h) as torch computes them
-TORCH_ACTIVATIONS = {
-    "relu": torch.relu,
-    "gelu": torch.nn.functional.gelu,
-    "gelu_tanh": lambda z: torch.nn.functional.gelu(z, approximate="tanh"),
-    "silu": torch.nn.functional.silu,
-    "hardswish": torch.nn.functional.hardswish,
-    "sigmoid": torch.sigmoid,
-}
+# gpuaccel's activation names as torch computes them: gpuaccel.torch's own
+# table, the forms its CPU path and ONNX decompositions use
+TORCH_ACTIVATIONS = gt._TORCH_ACTIVATION
 # "gelu" as gpuaccel spells the exact form without its warning about the
 # name's change of meaning
 GA_NAME = {"gelu": "gelu_erf"}

@@ -134,6 +134,18 @@ def _activation(name):
         return parsed
 
 
+def _save_for_transforms(ctx, x, weight, bias, activation, output):
+    """What the torch.func Functions of both layers keep: the inputs and the
+    activation's saved operand, for backward and for forward-mode (jvp)."""
+    y, z = output
+    if z is not None:
+        ctx.mark_non_differentiable(z)
+    aux = _saved_aux(activation, y, z)
+    ctx.activation = activation
+    ctx.save_for_backward(x, weight, bias, aux)
+    ctx.save_for_forward(x, weight, aux)
+
+
 def _saved_aux(activation, y, z):
     """What the backward reads: z for an activation whose derivative needs
     the pre-activation, y for relu, nothing without an activation."""
@@ -303,13 +315,7 @@ class _LinearTransformsFunction(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         x, weight, bias, activation = inputs
-        y, z = output
-        if z is not None:
-            ctx.mark_non_differentiable(z)
-        aux = _saved_aux(activation, y, z)
-        ctx.activation = activation
-        ctx.save_for_backward(x, weight, bias, aux)
-        ctx.save_for_forward(x, weight, aux)
+        _save_for_transforms(ctx, x, weight, bias, activation, output)
 
     @staticmethod
     def backward(ctx, grad_y, grad_z):
@@ -608,14 +614,8 @@ class _Conv2dTransformsFunction(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):
         x, weight, bias, stride, padding, dilation, groups, activation = inputs
-        y, z = output
-        if z is not None:
-            ctx.mark_non_differentiable(z)
-        aux = _saved_aux(activation, y, z)
         ctx.geometry = (stride, padding, dilation, groups)
-        ctx.activation = activation
-        ctx.save_for_backward(x, weight, bias, aux)
-        ctx.save_for_forward(x, weight, aux)
+        _save_for_transforms(ctx, x, weight, bias, activation, output)
 
     @staticmethod
     def backward(ctx, grad_y, grad_z):
