@@ -145,7 +145,27 @@ def element_mask(nbytes, offset, arr):
     return mask
 
 
-class Case:
+class Directives:
+    """The scalar directives of driver.cpp's case.txt, written into
+    self.lines (Case here, ShapeCase in test_launch_shapes.py)."""
+
+    def ints(self, field, *values):
+        self.lines.append("int %s %s" % (field, " ".join(str(int(v)) for v in values)))
+
+    def floats(self, field, *values):
+        self.lines.append("float %s %s" % (field, " ".join(repr(float(v)) for v in values)))
+
+    def dtype(self, field, name):
+        self.lines.append("dtype %s %s" % (field, name))
+
+    def text(self, field, word):
+        self.lines.append("text %s %s" % (field, word))
+
+    def limit_grid(self, kernel, x, y=65535, z=65535):
+        self.lines.append("limit_grid %s %d %d %d" % (kernel, x, y, z))
+
+
+class Case(Directives):
     """One kernel call for the driver: its buffers are the byte extents of
     NumPy arrays (views with any strides, gaps included), its fields the
     directives of driver.cpp's case.txt."""
@@ -195,21 +215,6 @@ class Case:
     def ptr(self, field, arr, written=False):
         offset = self.place(field, arr, written)
         self.lines.append("ptr %s %s %d" % (field, field, offset))
-
-    def ints(self, field, *values):
-        self.lines.append("int %s %s" % (field, " ".join(str(int(v)) for v in values)))
-
-    def floats(self, field, *values):
-        self.lines.append("float %s %s" % (field, " ".join(repr(float(v)) for v in values)))
-
-    def dtype(self, field, name):
-        self.lines.append("dtype %s %s" % (field, name))
-
-    def text(self, field, word):
-        self.lines.append("text %s %s" % (field, word))
-
-    def limit_grid(self, kernel, x, y=65535, z=65535):
-        self.lines.append("limit_grid %s %d %d %d" % (kernel, x, y, z))
 
     def write(self, directory):
         os.makedirs(directory, exist_ok=True)

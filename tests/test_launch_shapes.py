@@ -23,7 +23,7 @@ import re
 import subprocess
 
 import pytest
-from test_kernels_on_cpu import ROOT, driver, kernel_sources
+from test_kernels_on_cpu import ROOT, Directives, driver, kernel_sources
 
 from helpers import tool_env
 from ops import ACTIVATIONS, activation
@@ -46,7 +46,7 @@ def benchmark_constant(script, name):
     raise AssertionError("benchmarks/%s has no %s" % (script, name))
 
 
-class ShapeCase:
+class ShapeCase(Directives):
     """One kernel call of the driver, its buffers zeros that only need to
     exist (the driver maps them lazily: a sampled launch touches few pages)."""
 
@@ -81,15 +81,6 @@ class ShapeCase:
 
     def ptr(self, field, nbytes):
         self.lines.append("ptr %s %s 0" % (field, self._buffer(nbytes)))
-
-    def ints(self, field, *values):
-        self.lines.append("int %s %s" % (field, " ".join(str(int(v)) for v in values)))
-
-    def floats(self, field, *values):
-        self.lines.append("float %s %s" % (field, " ".join(repr(float(v)) for v in values)))
-
-    def dtype(self, field, name):
-        self.lines.append("dtype %s %s" % (field, name))
 
 
 NHWC = (0, 2, 3, 1)  # the memory order of a channels-last (N, C, H, W) tensor
