@@ -27,6 +27,8 @@ GEOMETRIES = [
     (3, 6, 9, 9, 6, 3, 3, 2, 1, 2, 6),        # depthwise, dilated, strided
     (2, 8, 6, 7, 8, 1, 1, 1, 0, 1, 1),        # 1x1
     (1, 2, 11, 10, 3, 5, 3, 3, (2, 1), (1, 2), 1),
+    (5, 12, 1, 1, 7, 1, 1, 1, 0, 1, 1),       # 1x1 on one pixel (squeeze-excitation): one GEMM for the batch
+    (3, 6, 1, 1, 9, 1, 1, 1, 0, 1, 3),        # the same, grouped
 ]
 
 
@@ -104,6 +106,59 @@ def test_nhwc_layout_and_channels_last_tensors(rng, dtype):
     xr.requires_grad_(True)
     gx_ref = torch.autograd.grad(F.conv2d(xr, wr, br, padding=1, stride=(1, 2)).relu().sum(), xr)[0]
     check(as_float64(gx), gx_ref.numpy(), dtype, 63)
+
+
+def _strided(t, how):
+    """t's values in another memory layout: NCHW, channels_last, every
+    other image of a batch twice as long, or a transpose of a contiguous
+    tensor (for a weight)."""
+    if how == "channels_last":
+        return t.contiguous(memory_format=torch.channels_last)
+    if how == "every_other":
+        double = torch.empty((2 * t.shape[0],) + tuple(t.shape[1:]), dtype=t.dtype)
+        double[::2] = t
+        return double[::2]
+    if how == "transposed":
+        return t.transpose(0, 1).contiguous().transpose(0, 1)
+    return t
+
+
+@pytest.mark.parametrize("case", [
+    # (x shape, x layout, weight shape, weight layout, groups)
+    ((5, 12, 1, 1), "nchw", (7, 12, 1, 1), "nchw", 1),                  # one GEMM for the whole batch
+    ((6, 12, 1, 1), "every_other", (7, 12, 1, 1), "transposed", 1),     # merged at the sliced batch's stride
+    ((3, 6, 5, 4), "channels_last", (9, 6, 1, 1), "nchw", 1),           # dense channels-last images: merged
+    ((3, 6, 5, 4), "every_other", (8, 3, 1, 1), "channels_last", 2),    # not dense: one GEMM per image
+    ((2, 5, 6, 7), "channels_last", (4, 5, 3, 3), "channels_last", 1),  # KRSC weights for NHWC unfolding
+    ((2, 5, 6, 7), "nchw", (4, 5, 3, 3), "channels_last", 1),           # packed for NCHW unfolding
+    ((2, 6, 6, 7), "nchw", (4, 3, 3, 3), "transposed", 2),
+], ids=["one_pixel", "one_pixel_sliced", "pointwise_channels_last", "pointwise_sliced", "krsc_weight",
+        "packed_weight", "transposed_weight"])
+def test_memory_layouts_of_x_and_the_weight_match_torch(rng, case):
+    """The kernel reads a weight in place when its memory already is the
+    GEMM's layout and packs it otherwise; a pointwise conv whose images lie
+    at one stride runs one GEMM for the batch: whichever, forward and every
+    gradient against torch's float64 conv of the same values."""
+    x_shape, x_layout, w_shape, w_layout, groups = case
+    x, xr = rounded(rng, x_shape, "float32")
+    wt, wr = rounded(rng, w_shape, "float32")
+    b, br = rounded(rng, (w_shape[0],), "float32")
+    x, wt = _strided(x, x_layout), _strided(wt, w_layout)
+    pad = w_shape[2] // 2
+    for t in (xr, wr, br):
+        t.requires_grad_(True)
+    z = F.conv2d(xr, wr, br, padding=pad, groups=groups)
+    y, aux = ga.conv2d(x, wt, b, padding=pad, groups=groups, activation="relu", save_preactivation=True)
+    reduction = w_shape[1] * w_shape[2] * w_shape[3]
+    check(as_float64(y), z.relu().detach().numpy(), "float32", reduction)
+    gy, gyr = rounded(rng, tuple(z.shape), "float32")
+    gx, gw, gb = ga.conv2d_backward(_strided(gy, x_layout), x, wt, padding=pad, groups=groups, activation="relu",
+                                    preactivation=aux)
+    gx_ref, gw_ref, gb_ref = torch.autograd.grad(z.relu(), (xr, wr, br), gyr)
+    pixels = x_shape[0] * z.shape[2] * z.shape[3]
+    check(as_float64(gx), gx_ref.numpy(), "float32", w_shape[0] * w_shape[2] * w_shape[3])
+    check(as_float64(gw), gw_ref.numpy(), "float32", pixels)
+    check(as_float64(gb), gb_ref.numpy(), "float32", pixels)
 
 
 def test_out_and_needs_flags(rng):

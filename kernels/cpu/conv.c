@@ -288,6 +288,21 @@ static operand tensor_operand(const ga_tensor *t, tmat m, int64_t n, int64_t p0,
     return o;
 }
 
+/* For a tensor that as_matrix accepted: the row stride (elements) at which
+ * every image's pixels form one matrix, row n * P * Q + p * Q + q (one
+ * pixel per image, or a channels-last layout with the images dense), or 0.
+ * A 1x1 conv then runs one GEMM of N * P * Q rows instead of one per image,
+ * which for the 1x1-pixel convs of squeeze-excitation blocks is one row. */
+static int64_t merged_rows(const ga_tensor *t, tmat m, int64_t e)
+{
+    if (t->shape[0] < 2 || t->strides[0] % e)
+        return 0;
+    int64_t image = t->strides[0] / e, pixels = t->shape[2] * t->shape[3];
+    if (pixels == 1)
+        return image;
+    return image == pixels * m.pix ? m.pix : 0;
+}
+
 /* An unfolded block of M pixels (col, or dcol). */
 static operand col_operand(const conv_shape *s, char *col, int64_t M)
 {
@@ -368,17 +383,46 @@ static void im2col(const conv_shape *s, const ga_tensor *x, int64_t n, int64_t p
         }
 }
 
-/* w (K, C/g, R, S) as wbuf[k][crs_index] in its own dtype. */
-static void pack_weights(const conv_shape *s, const ga_tensor *w, char *wbuf)
+/* Whether w's memory already is wbuf's layout, [k][crs_index] (a
+ * contiguous weight for NCHW unfolding, a channels-last one for NHWC; the
+ * strides of dimensions of extent 1 do not matter): then the GEMMs read w
+ * itself and nothing is packed. */
+static int weights_in_place(const conv_shape *s, const ga_tensor *w)
+{
+    int64_t want[4] = {s->CRSg, s->nhwc ? 1 : s->RS, s->nhwc ? s->S * s->Cg : s->S,
+                       s->nhwc ? s->Cg : 1};
+    for (int i = 0; i < 4; i++)
+        if (w->shape[i] > 1 && w->strides[i] != want[i] * s->e)
+            return 0;
+    return 1;
+}
+
+/* pack_weights for elements of e bytes; inlined where e is a constant, so
+ * that each copy is one move. */
+static inline void pack_weights_of(const conv_shape *s, const ga_tensor *w, char *wbuf,
+                                   const int64_t e)
 {
     const int64_t *st = w->strides;
+    const int64_t step = (s->nhwc ? s->Cg : 1) * e;
     for (int64_t k = 0; k < s->K; k++)
         for (int64_t cg = 0; cg < s->Cg; cg++)
-            for (int64_t r = 0; r < s->R; r++)
+            for (int64_t r = 0; r < s->R; r++) {
+                const char *src = (const char *)w->data + k * st[0] + cg * st[1] + r * st[2];
+                char *dst = wbuf + (k * s->CRSg + crs_index(s, cg, r, 0)) * e;
                 for (int64_t sx = 0; sx < s->S; sx++)
-                    memcpy(wbuf + (k * s->CRSg + crs_index(s, cg, r, sx)) * s->e,
-                           (const char *)w->data + k * st[0] + cg * st[1] + r * st[2] + sx * st[3],
-                           (size_t)s->e);
+                    memcpy(dst + sx * step, src + sx * st[3], (size_t)e);
+            }
+}
+
+/* w (K, C/g, R, S) as wbuf[k][crs_index] in its own dtype, where
+ * weights_in_place says no. */
+static void pack_weights(const conv_shape *s, const ga_tensor *w, char *wbuf)
+{
+    switch (s->e) {
+    case 2: pack_weights_of(s, w, wbuf, 2); break;
+    case 4: pack_weights_of(s, w, wbuf, 4); break;
+    default: pack_weights_of(s, w, wbuf, 8); break;
+    }
 }
 
 /* Rows [p0, p1) of image n of t (N, K, P, Q) as buf[pixel][k]. */
@@ -506,6 +550,8 @@ typedef struct {
     conv_shape s;
     int shortcut; /* 1x1: x is the GEMM's A */
     int direct;   /* the GEMM writes y (and preact) in place */
+    int merged;   /* and one GEMM takes every image: rows at these strides */
+    int64_t x_rs, y_rs, p_rs;
     tmat xm, ym, pm;
     int64_t rows, bands;
     const char *wbuf;
@@ -521,7 +567,11 @@ static ga_status fwd_unit(const void *ctx, char *slot, int64_t task)
     int64_t n = task / op->bands, p0 = task % op->bands * op->rows;
     int64_t p1 = min64(p0 + op->rows, s->P), M = (p1 - p0) * s->Q, e = s->e;
     operand a, y, pre = {NULL, 0, 0, 0};
-    if (op->shortcut) {
+    if (op->merged) {
+        M = s->N * s->P * s->Q;
+        a = tensor_operand(&d->x, op->xm, 0, 0, s->Cg);
+        a.rs = op->x_rs;
+    } else if (op->shortcut) {
         a = tensor_operand(&d->x, op->xm, n, p0, s->Cg);
     } else {
         im2col(s, &d->x, n, p0, p1, slot + op->col_at);
@@ -531,6 +581,10 @@ static ga_status fwd_unit(const void *ctx, char *slot, int64_t task)
         y = tensor_operand(&d->y, op->ym, n, p0, s->Kg);
         if (has_pre)
             pre = tensor_operand(&d->preact, op->pm, n, p0, s->Kg);
+        if (op->merged) {
+            y.rs = op->y_rs;
+            pre.rs = op->p_rs;
+        }
     } else {
         y = packed_operand(s, slot + op->ytmp_at);
         if (has_pre)
@@ -583,6 +637,12 @@ ga_status ga_cpu_conv2d_forward(const ga_conv_desc *desc)
     if (has_pre)
         op.pm = as_matrix(&desc->preact, s->e);
     op.direct = op.ym.ok && (!has_pre || op.pm.ok);
+    if (op.shortcut && op.direct) {
+        op.x_rs = merged_rows(&desc->x, op.xm, s->e);
+        op.y_rs = merged_rows(&desc->y, op.ym, s->e);
+        op.p_rs = has_pre ? merged_rows(&desc->preact, op.pm, s->e) : 1;
+        op.merged = op.x_rs && op.y_rs && op.p_rs;
+    }
 
     int64_t threads = ga_cpu_num_threads();
     int64_t col_row = op.shortcut ? 0 : sat_mul(s->Q, sat_mul(s->CRS, s->e));
@@ -590,20 +650,24 @@ ga_status ga_cpu_conv2d_forward(const ga_conv_desc *desc)
     int64_t row_bytes = sat_add(col_row, has_pre ? sat_mul(2, tmp_row) : tmp_row);
     op.rows = band_rows(s->P, s->Q, row_bytes, GA_CONV_BUFFER_BYTES / threads, s->N,
                         threads > 1 ? 2 * threads : 1);
+    if (op.merged)
+        op.rows = s->P; /* one unit, whose GEMM uses the pool */
     op.bands = ceil_div(s->P, op.rows);
     op.col_at = 0;
     op.ytmp_at = align64(sat_mul(op.rows, col_row));
     op.ptmp_at = sat_add(op.ytmp_at, align64(sat_mul(op.rows, tmp_row)));
     int64_t slot_bytes = sat_add(op.ptmp_at, has_pre ? align64(sat_mul(op.rows, tmp_row)) : 0);
-    int64_t units = s->N * op.bands;
+    int64_t units = op.merged ? 1 : s->N * op.bands;
     int64_t nslots = slots_for(slot_bytes, units);
-    int64_t wbytes = align64(sat_mul(s->K, sat_mul(s->CRSg, s->e)));
+    int in_place = weights_in_place(s, &desc->w);
+    int64_t wbytes = in_place ? 0 : align64(sat_mul(s->K, sat_mul(s->CRSg, s->e)));
 
     char *mem = alloc_bytes(sat_add(wbytes, sat_mul(nslots, slot_bytes)));
     if (!mem)
         return out_of_memory();
-    pack_weights(s, &desc->w, mem);
-    op.wbuf = mem;
+    if (!in_place)
+        pack_weights(s, &desc->w, mem);
+    op.wbuf = in_place ? (const char *)desc->w.data : mem;
     ga_status st = run_tasks(fwd_unit, &op, units, mem + wbytes, slot_bytes, nslots);
     free(mem);
     return st;
@@ -616,6 +680,8 @@ typedef struct {
     const ga_tensor *dy, *dx;
     int shortcut; /* 1x1 with dx a matrix: the GEMM writes dx */
     int direct;   /* dy is the GEMM's A in place */
+    int merged;   /* and one GEMM takes every image: rows at these strides */
+    int64_t dy_rs, dx_rs;
     tmat dym, dxm;
     int64_t band, bands; /* input rows per unit */
     const char *wbuf;
@@ -705,26 +771,35 @@ static ga_status bwd_data_unit(const void *ctx, char *slot, int64_t task)
     const bwd_data_op *op = (const bwd_data_op *)ctx;
     const conv_shape *s = &op->s;
     int64_t n = task / op->bands, h0 = task % op->bands * op->band;
-    int64_t h1 = min64(h0 + op->band, s->H), pa, pb, e = s->e;
-    source_rows(s, h0, h1, &pa, &pb);
-    if (pa > pb) {
-        zero_rows(s, op->dx, n, h0, h1);
-        return ga_ok();
-    }
-    int64_t M = (pb - pa + 1) * s->Q;
+    int64_t h1 = min64(h0 + op->band, s->H), pa = 0, pb = 0, e = s->e, M;
     operand a, out;
-    if (op->direct) {
-        a = tensor_operand(op->dy, op->dym, n, pa, s->Kg);
+    if (op->merged) {
+        M = s->N * s->P * s->Q;
+        a = tensor_operand(op->dy, op->dym, 0, 0, s->Kg);
+        a.rs = op->dy_rs;
     } else {
-        pack_rows(s, op->dy, n, pa, pb + 1, slot + op->dytmp_at);
-        a = packed_operand(s, slot + op->dytmp_at);
+        source_rows(s, h0, h1, &pa, &pb);
+        if (pa > pb) {
+            zero_rows(s, op->dx, n, h0, h1);
+            return ga_ok();
+        }
+        M = (pb - pa + 1) * s->Q;
+        if (op->direct) {
+            a = tensor_operand(op->dy, op->dym, n, pa, s->Kg);
+        } else {
+            pack_rows(s, op->dy, n, pa, pb + 1, slot + op->dytmp_at);
+            a = packed_operand(s, slot + op->dytmp_at);
+        }
     }
     ga_dtype odt = op->shortcut ? s->dtype : s->cdtype;
     int64_t oe = op->shortcut ? e : s->ce;
-    if (op->shortcut)
+    if (op->shortcut) {
         out = tensor_operand(op->dx, op->dxm, n, h0, s->Cg);
-    else
+        if (op->merged)
+            out.rs = op->dx_rs;
+    } else {
         out = col_operand(s, slot + op->dcol_at, M);
+    }
     for (int64_t g = 0; g < s->G; g++) {
         ga_matmul_desc m;
         memset(&m, 0, sizeof m);
@@ -761,6 +836,11 @@ ga_status ga_cpu_conv2d_backward_data(const ga_conv_geometry *geom, const ga_ten
     op.direct = op.dym.ok;
     op.dxm = as_matrix(dx, s->e);
     op.shortcut = s->pointwise && op.dxm.ok;
+    if (op.shortcut && op.direct) {
+        op.dy_rs = merged_rows(dy, op.dym, s->e);
+        op.dx_rs = merged_rows(dx, op.dxm, s->e);
+        op.merged = op.dy_rs && op.dx_rs;
+    }
 
     /* a band of `band` input rows reads at most (band - 1 + halo) / stride + 1 output rows */
     int64_t threads = ga_cpu_num_threads(), halo = (s->R - 1) * s->dh;
@@ -777,6 +857,8 @@ ga_status ga_cpu_conv2d_backward_data(const ga_conv_geometry *geom, const ga_ten
         int64_t fewest = max64(ceil_div(GA_CONV_MIN_PIXELS, s->W), 4 * halo);
         band = max64(1, min64(band, max64(ceil_div(s->H, want), fewest)));
     }
+    if (op.merged)
+        band = s->H; /* one unit, whose GEMM uses the pool */
     op.band = band;
     op.bands = ceil_div(s->H, band);
     int64_t out_rows = min64(s->P, (band - 1 + halo) / s->sh + 1);
@@ -784,15 +866,17 @@ ga_status ga_cpu_conv2d_backward_data(const ga_conv_geometry *geom, const ga_ten
     op.dytmp_at = align64(sat_mul(out_rows, dcol_row));
     op.acc_at = sat_add(op.dytmp_at, align64(sat_mul(out_rows, dy_row)));
     int64_t slot_bytes = sat_add(op.acc_at, align64(sat_mul(max64(s->C, s->W), s->ce)));
-    int64_t units = s->N * op.bands;
+    int64_t units = op.merged ? 1 : s->N * op.bands;
     int64_t nslots = slots_for(slot_bytes, units);
-    int64_t wbytes = align64(sat_mul(s->K, sat_mul(s->CRSg, s->e)));
+    int in_place = weights_in_place(s, w);
+    int64_t wbytes = in_place ? 0 : align64(sat_mul(s->K, sat_mul(s->CRSg, s->e)));
 
     char *mem = alloc_bytes(sat_add(wbytes, sat_mul(nslots, slot_bytes)));
     if (!mem)
         return out_of_memory();
-    pack_weights(s, w, mem);
-    op.wbuf = mem;
+    if (!in_place)
+        pack_weights(s, w, mem);
+    op.wbuf = in_place ? (const char *)w->data : mem;
     ga_status st = run_tasks(bwd_data_unit, &op, units, mem + wbytes, slot_bytes, nslots);
     free(mem);
     return st;
@@ -806,8 +890,9 @@ typedef struct {
     int shortcut, direct;
     tmat xm, dym;
     int64_t rows, bands, units, parts;
-    int64_t wsize; /* K * CRSg */
-    char *acc;     /* parts x wsize of the compute type: [part][k][crs_index] */
+    int64_t wsize;   /* K * CRSg */
+    char *acc;       /* parts x wsize of the compute type: [part][k][crs_index] */
+    int dw_in_place; /* dw's memory is one part's layout */
     int64_t col_at, dytmp_at, tmp_at;
 } bwd_filter_op;
 
@@ -864,11 +949,28 @@ static ga_status bwd_filter_part(const void *ctx, char *slot, int64_t part)
 }
 
 /* dw rows [k0, k1): the partial sums added in part order, rounded once. */
+#define GA_SUM_PARTS(T)                                     \
+    for (int64_t i = k0 * s->CRSg; i < k1 * s->CRSg; i++) { \
+        T v = 0;                                            \
+        for (int64_t j = 0; j < op->parts; j++)             \
+            v += ((const T *)op->acc)[j * op->wsize + i];   \
+        ((T *)op->dw->data)[i] = v;                         \
+    }
+
 static void store_dw(void *ctx, int64_t k0, int64_t k1)
 {
     const bwd_filter_op *op = (const bwd_filter_op *)ctx;
     const conv_shape *s = &op->s;
     const int64_t *st = op->dw->strides;
+    if (op->dw_in_place && s->dtype == s->cdtype) {
+        /* dw is acc's layout and type: the sums go straight in, in the same order */
+        if (s->cdtype == GA_FLOAT64) {
+            GA_SUM_PARTS(double)
+        } else {
+            GA_SUM_PARTS(float)
+        }
+        return;
+    }
     for (int64_t k = k0; k < k1; k++)
         for (int64_t cg = 0; cg < s->Cg; cg++)
             for (int64_t r = 0; r < s->R; r++)
@@ -889,6 +991,8 @@ static void store_dw(void *ctx, int64_t k0, int64_t k1)
                     }
                 }
 }
+
+#undef GA_SUM_PARTS
 
 ga_status ga_cpu_conv2d_backward_filter(const ga_conv_geometry *geom, const ga_tensor *x,
                                         const ga_tensor *dy, const ga_tensor *dw)
@@ -916,6 +1020,7 @@ ga_status ga_cpu_conv2d_backward_filter(const ga_conv_geometry *geom, const ga_t
     op.bands = ceil_div(s->P, op.rows);
     op.units = s->N * op.bands;
     op.wsize = s->K * s->CRSg;
+    op.dw_in_place = weights_in_place(s, dw);
     int64_t part_bytes = align64(sat_mul(op.wsize, s->ce));
     op.parts = min64(op.units, GA_CONV_MAX_PARTIALS);
     op.parts = min64(op.parts, max64(1, GA_CONV_PARTIAL_BYTES / part_bytes));
