@@ -29,11 +29,13 @@ than a small layer's whole host budget; the eager Function costs a few µs.
 
 On the CPU, above a size where torch's own kernels (oneDNN/MKL) beat
 gpuaccel's reference kernels, every path runs torch's kernels instead
-(``CPU_TORCH_THRESHOLD``, multiply-adds per call, by op), compiled code
-included: a fused layer is never slower than the torch layers it replaces,
-and compiled and eager fused models run the same kernels.  gpuaccel's CPU
-kernels stay the tested reference and the path for small layers, NumPy and
-gpuaccel arrays.
+(``CPU_TORCH_THRESHOLD``, multiply-adds per call, by op): a fused layer is
+never slower than the torch layers it replaces.  torch.compile of CPU layers
+writes torch's ops at every size, as the compiled original has them (a
+custom op's per-call dispatch would cost compiled code more than gpuaccel's
+kernels save at those sizes); torch.export keeps the custom ops below the
+threshold.  gpuaccel's CPU kernels stay the tested reference and the eager
+path for small layers, NumPy and gpuaccel arrays.
 
 Gradients of gradients (``create_graph=True``) are computed with torch's
 differentiable ops from the saved inputs, so double backward works for every
@@ -98,12 +100,24 @@ CPU_TORCH_THRESHOLD = {"linear": 1 << 14, "conv2d": 1 << 17}
 _PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 _is_compiling = torch.compiler.is_compiling
+_is_exporting = torch.compiler.is_exporting
 _is_tracing = torch._C._is_tracing
 _transforms_active = torch._C._are_functorch_transforms_active
 _is_autocast = torch.is_autocast_enabled
 _any_autocast = torch._C._is_any_autocast_enabled
 _autocast_dtype = torch.get_autocast_dtype
 _grad_enabled = torch.is_grad_enabled
+
+
+def _compiling_for_the_cpu():
+    """torch.compile (not torch.export) of a layer on CPU tensors: torch's
+    ops at every size.  Inductor compiles them as it compiles torch's own
+    layers (oneDNN for the GEMM or conv, the bias and activation in its own
+    fused loop) and calls them from its generated code, while a custom op
+    costs a Python dispatch per call, which the small layers gpuaccel's CPU
+    kernels serve in eager mode cannot afford.  torch.export keeps the custom
+    ops for small layers, so an exported program holds the fused kernels."""
+    return _is_compiling() and not _is_exporting()
 
 
 def _refuse_script(name):
@@ -406,6 +420,15 @@ def _linear_traced(x, weight, bias, activation):
     return _linear(x, weight, bias, activation)[0]
 
 
+def _linear_torch(x, weight, bias, activation):
+    """The layer as torch's ops, for the CPU paths that run torch's kernels."""
+    if x.dim() >= 1 and weight.dim() == 2 and x.shape[-1] != weight.shape[1]:
+        # the message gpuaccel's kernels give, not torch's "mat1 and mat2 shapes cannot be multiplied"
+        raise ValueError("linear: x's last dimension (%d) must equal weight's in_features (%d)"
+                         % (x.shape[-1], weight.shape[1]))
+    return _torch_activation(torch.nn.functional.linear(x, weight, bias), activation)
+
+
 def _linear_dispatch(x, weight, bias, activation):
     """fused_linear with its activation normalized: the path for the call
     (see the module's docstring), its checks ordered and inlined for the
@@ -422,15 +445,14 @@ def _linear_dispatch(x, weight, bias, activation):
     # compiled (dynamo reads the sizes and the threshold and guards on them),
     # exported, under torch.func
     if not cuda and x.numel() * weight.shape[0] > CPU_TORCH_THRESHOLD["linear"]:
-        if x.dim() >= 1 and weight.dim() == 2 and x.shape[-1] != weight.shape[1]:
-            # the message gpuaccel's kernels give, not torch's "mat1 and mat2 shapes cannot be multiplied"
-            raise ValueError("linear: x's last dimension (%d) must equal weight's in_features (%d)"
-                             % (x.shape[-1], weight.shape[1]))
-        return _torch_activation(torch.nn.functional.linear(x, weight, bias), activation)
+        return _linear_torch(x, weight, bias, activation)
     # compiling, exporting (jit tracing returned above), or tensors that are not plain torch
-    # tensors holding data (fake, meta, subclasses): the custom ops
+    # tensors holding data (fake, meta, subclasses): the custom ops; but torch.compile of a
+    # CPU layer, whatever its size, torch's ops (see _compiling_for_the_cpu)
     if (_is_compiling() or type(x) not in _PLAIN_TENSORS or type(weight) not in _PLAIN_TENSORS
             or x.is_meta):
+        if not cuda and _compiling_for_the_cpu():
+            return _linear_torch(x, weight, bias, activation)
         return _linear_traced(x, weight, bias, activation)
     if _transforms_active():
         return _LinearTransformsFunction.apply(x, weight, bias, activation)[0]
@@ -753,6 +775,13 @@ def _conv2d_traced(x, weight, bias, stride, padding, dilation, groups, activatio
     return _conv2d(x, weight, bias, list(stride), list(padding), list(dilation), groups, activation)[0]
 
 
+def _conv2d_torch(x, weight, bias, stride, padding, dilation, groups, activation):
+    """The layer as torch's ops, for the CPU paths that run torch's kernels."""
+    _check_conv_channels(x, weight, groups)
+    return _torch_activation(torch.nn.functional.conv2d(x, weight, bias, stride, padding, dilation, groups),
+                             activation)
+
+
 def _conv2d_checked(x, weight, bias, stride, padding, dilation, groups, activation):
     """fused_conv2d once its geometry is normalized (tuples of ints): the
     path for the call, its checks ordered and inlined for the eager path's
@@ -783,11 +812,11 @@ def _conv2d_checked(x, weight, bias, stride, padding, dilation, groups, activati
         _check_conv_output(x, weight, padding, dilation, shape)
     # torch's kernels above the CPU threshold (multiply-adds, once per group) whatever the path, as fused_linear
     if not cuda and n * k * shape[2] * shape[3] * c * r * s * groups > CPU_TORCH_THRESHOLD["conv2d"]:
-        _check_conv_channels(x, weight, groups)
-        return _torch_activation(torch.nn.functional.conv2d(x, weight, bias, stride, padding, dilation, groups),
-                                 activation)
+        return _conv2d_torch(x, weight, bias, stride, padding, dilation, groups, activation)
     if (_is_compiling() or type(x) not in _PLAIN_TENSORS or type(weight) not in _PLAIN_TENSORS
             or x.is_meta):  # the custom ops, as in _linear_dispatch
+        if not cuda and _compiling_for_the_cpu():
+            return _conv2d_torch(x, weight, bias, stride, padding, dilation, groups, activation)
         return _conv2d_traced(x, weight, bias, stride, padding, dilation, groups, activation)
     if _transforms_active():
         return _Conv2dTransformsFunction.apply(x, weight, bias, stride, padding, dilation, groups, activation)[0]

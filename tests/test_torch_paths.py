@@ -284,37 +284,85 @@ def test_torch_func_transforms_give_torchs_results(activation, size, monkeypatch
 
 # ------------------------------------------------------------ torch.compile
 
-@pytest.mark.slow
-@pytest.mark.parametrize("size", ["small", "large"])
-def test_compiled_layers_dispatch_on_the_cpu_as_eager_does(size, monkeypatch):
-    """Under torch.compile a CPU layer above the threshold is torch's ops in
-    the graph (inductor compiles them as it compiles torch's layers), one
-    below it gpuaccel's custom op; either way compiled and eager run the
-    same kernels, with the same results and gradients."""
-    threshold = 0 if size == "large" else 1 << 62
-    monkeypatch.setitem(gt.CPU_TORCH_THRESHOLD, "linear", threshold)
-    monkeypatch.setitem(gt.CPU_TORCH_THRESHOLD, "conv2d", threshold)
-    torch._dynamo.reset()
-    model = torch.nn.Sequential(gt.FusedConv2d(3, 5, 3, padding=1, activation="relu"), torch.nn.Flatten(),
-                                gt.FusedLinear(5 * 6 * 6, 7, activation="gelu"))
-    x = torch.randn(2, 3, 6, 6)
+def _compiled_graph_targets(model, x):
+    """model compiled with a backend that keeps the graphs it is given: the
+    output and the graph's call targets."""
     graphs = []
 
     def backend(gm, example_inputs):
         graphs.append(gm)
         return gm.forward
 
-    compiled = torch.compile(model, backend=backend, fullgraph=True)
-    out = compiled(x)
-    targets = {str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"}
-    custom = {t for t in targets if t.startswith("gpuaccel.")}
-    assert bool(custom) == (size == "small"), targets
+    torch._dynamo.reset()
+    out = torch.compile(model, backend=backend, fullgraph=True)(x)
+    return out, {str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"}
+
+
+def _small_model():
+    return torch.nn.Sequential(gt.FusedConv2d(3, 5, 3, padding=1, activation="relu"), torch.nn.Flatten(),
+                               gt.FusedLinear(5 * 6 * 6, 7, activation="gelu"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("size", ["small", "large"])
+def test_compiled_cpu_layers_are_torchs_ops_at_every_size(size, monkeypatch):
+    """Under torch.compile a CPU layer is torch's ops in the graph whatever
+    its size (inductor compiles them as it compiles torch's layers; a custom
+    op would cost a Python dispatch per call): the results and gradients
+    are eager's, exactly where eager runs torch's kernels too (above the
+    threshold), within float32 rounding where eager runs gpuaccel's."""
+    threshold = 0 if size == "large" else 1 << 62
+    monkeypatch.setitem(gt.CPU_TORCH_THRESHOLD, "linear", threshold)
+    monkeypatch.setitem(gt.CPU_TORCH_THRESHOLD, "conv2d", threshold)
+    model = _small_model()
+    x = torch.randn(2, 3, 6, 6)
+    out, targets = _compiled_graph_targets(model, x)
+    assert not {t for t in targets if t.startswith("gpuaccel.")}, targets
+    names = {t.split(" at ")[0] for t in targets}
+    assert names == {"<built-in method conv2d of type object", "<built-in method relu of type object",
+                     "<built-in function linear>", "<built-in function gelu>"}, targets
+    eager = model(x)
+    if size == "large":
+        assert torch.equal(out, eager)
+    else:
+        torch.testing.assert_close(out, eager, rtol=1e-5, atol=1e-6)
+    got = torch.autograd.grad(out.sum(), list(model.parameters()))
+    want = torch.autograd.grad(eager.sum(), list(model.parameters()))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_compiled_custom_ops_run_eagers_kernels(monkeypatch):
+    """The custom ops in a compiled graph, as a CUDA layer has them (here on
+    the CPU with the CPU rule switched off): the same kernels as eager, so
+    the same results and gradients."""
+    monkeypatch.setitem(gt.CPU_TORCH_THRESHOLD, "linear", 1 << 62)
+    monkeypatch.setitem(gt.CPU_TORCH_THRESHOLD, "conv2d", 1 << 62)
+    monkeypatch.setattr(gt, "_compiling_for_the_cpu", lambda: False)
+    model = _small_model()
+    x = torch.randn(2, 3, 6, 6)
+    out, targets = _compiled_graph_targets(model, x)
+    assert {"gpuaccel.conv2d.default", "gpuaccel.linear.default"} <= targets, targets
     eager = model(x)
     assert torch.equal(out, eager)
     got = torch.autograd.grad(out.sum(), list(model.parameters()))
     want = torch.autograd.grad(eager.sum(), list(model.parameters()))
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_export_keeps_the_custom_ops_of_small_cpu_layers():
+    """torch.export (unlike torch.compile) keeps gpuaccel's ops for layers
+    below the CPU threshold, so that the exported program holds the fused
+    kernels; it computes what the eager model does."""
+    model = _small_model()
+    x = torch.randn(2, 3, 6, 6)
+    exported = torch.export.export(model, (x,))
+    targets = {str(n.target) for n in exported.graph.nodes if n.op == "call_function"}
+    assert {"gpuaccel.conv2d.default", "gpuaccel.linear.default"} <= targets, targets
+    assert torch.equal(exported.module()(x), model(x))
 
 
 def test_ops_take_torchs_stream_by_name():
