@@ -209,9 +209,9 @@ class FusedConv2dBN(gt.FusedConv2d):
 
     def _folded(self, bn):
         inputs = _fold_inputs(self, bn)
-        if gt._is_compiling() or gt._transforms_active() or (gt._grad_enabled() and any(
+        if gt._transforms_active() or (gt._grad_enabled() and any(
                 t is not None and t.requires_grad for t in inputs[:4])):
-            return _fold(self.weight, self.bias, bn)  # in the graph (compiled, torch.func), or differentiable
+            return _fold(self.weight, self.bias, bn)  # under torch.func, or differentiable
         # a parameter or statistic replaced, moved, or changed in place
         # (an optimizer step, load_state_dict, a training forward) changes
         # its identity, pointer or version: fold again
@@ -230,8 +230,30 @@ class FusedConv2dBN(gt.FusedConv2d):
             self._fold_cache = None
             y = gt._conv2d_checked(x, self.weight, self.bias, stride, padding, dilation, self.groups, "none")
             return gt._torch_activation(bn(y), self.activation)
+        if gt._is_compiling():
+            return self._compiled(x, bn, stride, padding, dilation)
         weight, bias = self._folded(bn)
         return gt._conv2d_checked(x, weight, bias, stride, padding, dilation, self.groups, self.activation)
+
+    def _compiled(self, x, bn, stride, padding, dilation):
+        """The eval-mode layer in a compiled (or exported) graph, which
+        cannot keep the fold between calls (its key is tensor versions and
+        pointers): the graph either folds in every call, a pass over the
+        weight, or applies the BatchNorm to the conv's output as the
+        compiled original does, a pass over the output that the compiler
+        fuses with the activation.  Whichever pass is smaller, chosen when
+        the graph is traced (the shapes are in the graph's guards)."""
+        kernel_h, kernel_w = self.kernel_size
+        height = (x.shape[-2] + 2 * padding[0] - dilation[0] * (kernel_h - 1) - 1) // stride[0] + 1
+        width = (x.shape[-1] + 2 * padding[1] - dilation[1] * (kernel_w - 1) - 1) // stride[1] + 1
+        batch = x.shape[0] if x.dim() == 4 else 1
+        if batch * self.out_channels * height * width > self.weight.numel():
+            weight, bias = _fold(self.weight, self.bias, bn)
+            return gt._conv2d_checked(x, weight, bias, stride, padding, dilation, self.groups, self.activation)
+        y = gt._conv2d_checked(x, self.weight, self.bias, stride, padding, dilation, self.groups, "none")
+        y = torch.nn.functional.batch_norm(y, bn.running_mean, bn.running_var, bn.weight, bn.bias, False, 0.0,
+                                           bn.eps)
+        return gt._torch_activation(y, self.activation)
 
     def __getstate__(self):
         # copies and pickles leave the fold behind (its key holds ids)

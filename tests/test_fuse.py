@@ -323,6 +323,42 @@ def test_copies_pickles_compile_and_torch_func_of_a_fused_model():
         torch.testing.assert_close(grads[1][name], grads[0][name], rtol=1e-10, atol=1e-10, msg=name)
 
 
+def test_a_compiled_graph_folds_or_applies_the_batchnorm_whichever_pass_is_smaller():
+    """A compiled graph cannot keep the fold between calls: where the conv's
+    output is larger than its weight the graph folds (a pass over the
+    weight), where it is smaller it applies the BatchNorm to the output (a
+    pass over the output), as the compiled original does; either way the
+    original's function, in eval mode, with and without gradients."""
+    torch.manual_seed(12)
+    # conv 0: 4 x 8 x 9 x 9 output > 8 x 3 x 3 x 3 weight; conv 1: 4 x 16 x 2 x 2 output < 16 x 8 x 3 x 3 weight
+    model = randomize_batchnorms(nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+        nn.Conv2d(8, 16, 3, stride=4), nn.BatchNorm2d(16), nn.Hardswish())).double().eval()
+    fused = gt.fuse(model)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fused, backend=backend, fullgraph=True)
+    x = torch.randn(4, 3, 9, 9, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-12, atol=1e-12)
+    names = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
+    assert sum("batch_norm" in t for t in names) == 1, names  # the second conv's only
+    assert sum("rsqrt" in t for t in names) == 1, names  # the first conv's fold
+    # with gradients: the fold and the BatchNorm are differentiated in the graph
+    for m in (model, fused):
+        m.zero_grad()
+    compiled(x).square().sum().backward()
+    model(x).square().sum().backward()
+    fused_params = dict(fused.named_parameters())
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(fused_params[name].grad, p.grad, rtol=1e-10, atol=1e-10, msg=name)
+
+
 def test_channels_last_and_autocast():
     torch.manual_seed(8)
     model = randomize_batchnorms(nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
