@@ -243,11 +243,9 @@ class FusedConv2dBN(gt.FusedConv2d):
         compiled original does, a pass over the output that the compiler
         fuses with the activation.  Whichever pass is smaller, chosen when
         the graph is traced (the shapes are in the graph's guards)."""
-        kernel_h, kernel_w = self.kernel_size
-        height = (x.shape[-2] + 2 * padding[0] - dilation[0] * (kernel_h - 1) - 1) // stride[0] + 1
-        width = (x.shape[-1] + 2 * padding[1] - dilation[1] * (kernel_w - 1) - 1) // stride[1] + 1
-        batch = x.shape[0] if x.dim() == 4 else 1
-        if batch * self.out_channels * height * width > self.weight.numel():
+        n, k, height, width = gt._conv_out_shape(x if x.dim() == 4 else x.unsqueeze(0), self.weight, stride,
+                                                 padding, dilation)
+        if n * k * height * width > self.weight.numel():
             weight, bias = _fold(self.weight, self.bias, bn)
             return gt._conv2d_checked(x, weight, bias, stride, padding, dilation, self.groups, self.activation)
         y = gt._conv2d_checked(x, self.weight, self.bias, stride, padding, dilation, self.groups, "none")

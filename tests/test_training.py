@@ -190,8 +190,7 @@ assert torch.equal(gathered[0], gathered[1])
 # DDP's reducer and Gloo's pending work freed while the interpreter is whole,
 # and no interpreter teardown after: Gloo's worker threads can abort the
 # process there ("terminate called without an active exception", SIGABRT
-# after both ranks printed ok: seen twice in loaded runs here; torch's
-# issue 190489 and its abandoned atexit fix, PR 179291)
+# after both ranks printed ok: seen twice in loaded runs here)
 del model, gathered
 gc.collect()
 dist.destroy_process_group()
